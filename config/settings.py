@@ -1,0 +1,231 @@
+"""Django settings for Backlot, read from the environment with safe defaults."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from kombu import Exchange, Queue
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(os.environ.get("BACKLOT_DATA_DIR", BASE_DIR / ".data"))
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and not env_bool("BACKLOT_ALLOW_DEV_SECRET", True):
+        raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
+    # A fixed development key: production sets SECRET_KEY (the deploy check warns otherwise).
+    SECRET_KEY = "dev-insecure-backlot-key-change-me-in-production-0123456789"
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_results",
+    "django_celery_beat",
+    "jobs",
+    "emails",
+    "reports",
+    "media_pipeline",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.config(
+        default=f"sqlite:///{DATA_DIR / 'backlot.sqlite3'}",
+        conn_max_age=int(os.environ.get("DB_CONN_MAX_AGE", "60")),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web process read while a worker writes; the timeout rides out short locks.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = os.environ.get("TIME_ZONE", "UTC")
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+MEDIA_URL = "media/"
+MEDIA_ROOT = Path(os.environ.get("MEDIA_ROOT", DATA_DIR / "media"))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = DEBUG
+
+# Email: SMTP in production, a file sink for `make run`; tests point EMAIL_HOST at aiosmtpd.
+EMAIL_BACKEND = os.environ.get(
+    "EMAIL_BACKEND",
+    "django.core.mail.backends.smtp.EmailBackend"
+    if os.environ.get("EMAIL_HOST")
+    else "django.core.mail.backends.filebased.EmailBackend",
+)
+EMAIL_FILE_PATH = DATA_DIR / "sent-emails"
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(os.environ.get("EMAIL_PORT", "25"))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT", "10"))
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "Backlot <noreply@example.com>")
+
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG and "CI" not in os.environ)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+X_FRAME_OPTIONS = "DENY"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}
+
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# --- Celery -------------------------------------------------------------------------------
+# https://docs.celeryq.dev/en/stable/userguide/configuration.html
+CELERY_BROKER_URL = REDIS_URL
+# Redis transport: priorities are separate lists per level, consumed highest first.
+# https://docs.celeryq.dev/en/stable/userguide/routing.html#redis-message-priorities
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "queue_order_strategy": "priority",
+    "priority_steps": list(range(10)),
+    "sep": ":",
+    # An unacknowledged message is redelivered after this many seconds; it must outlast the
+    # longest countdown Redis may hold (jobs.E003 checks every retry policy against it).
+    "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "7200")),
+    # Bounded waits so an enqueue against a dead or frozen Redis fails fast into the ledger.
+    "socket_timeout": 5,
+    "socket_connect_timeout": 2,
+    "retry_on_timeout": False,
+    "health_check_interval": 25,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.2,
+    "interval_max": 0.5,
+}
+# JSON only: a pickled message is refused by the worker before any code runs.
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_ACCEPT_CONTENT = ["json"]
+# At-least-once: ack after the job ran; a killed pool process puts its message back.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# Long-running jobs: one message per process at a time, so a backlog is not hoarded.
+CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_MULTIPLIER", "1"))
+CELERY_WORKER_SEND_TASK_EVENTS = True
+CELERY_TASK_SEND_SENT_EVENT = True
+# The job ledger records start and finish: the result backend keeps only results.
+CELERY_TASK_TRACK_STARTED = False
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = False
+CELERY_RESULT_EXPIRES = int(os.environ.get("CELERY_RESULT_EXPIRES", str(7 * 24 * 3600)))
+CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "1800"))
+CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", "1740"))
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+BACKLOT_QUEUES = ("default", "emails", "reports", "media")
+CELERY_TASK_DEFAULT_QUEUE = "default"
+CELERY_TASK_QUEUES = [
+    Queue(name, Exchange(name), routing_key=name, queue_arguments={"x-max-priority": 9})
+    for name in BACKLOT_QUEUES
+]
+CELERY_TASK_CREATE_MISSING_QUEUES = False
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Backlot -----------------------------------------------------------------------------
+BACKLOT = {
+    # Serialized args + kwargs above this many bytes are refused at enqueue.
+    "MAX_PAYLOAD_BYTES": int(os.environ.get("BACKLOT_MAX_PAYLOAD_BYTES", str(64 * 1024))),
+    # A succeeded job keeps its idempotency key this long: a repeat enqueue is a no-op.
+    "IDEMPOTENCY_TTL": int(os.environ.get("BACKLOT_IDEMPOTENCY_TTL", str(24 * 3600))),
+    # Progress writes from one job are at most this often (seconds); 100,000 steps cost ~1 write
+    # per interval instead of 100,000 UPDATEs.
+    "PROGRESS_INTERVAL": float(os.environ.get("BACKLOT_PROGRESS_INTERVAL", "0.5")),
+    # Delays up to this many seconds ride in Redis as a countdown; longer ones wait in the
+    # ledger as scheduled rows and are published when due.
+    "MAX_BROKER_COUNTDOWN": int(os.environ.get("BACKLOT_MAX_BROKER_COUNTDOWN", "900")),
+    # A pool process dying this many times on one job sends it to the dead letters.
+    "MAX_WORKER_CRASHES": int(os.environ.get("BACKLOT_MAX_WORKER_CRASHES", "3")),
+    # A rate-limited job may reserve a slot this far ahead; beyond it, it backs off unreserved.
+    "RATE_LIMIT_MAX_RESERVE": float(os.environ.get("BACKLOT_RATE_LIMIT_MAX_RESERVE", "30")),
+    "HEALTH_MAX_QUEUE_DEPTH": int(os.environ.get("BACKLOT_HEALTH_MAX_QUEUE_DEPTH", "1000")),
+    "HEALTH_MAX_WAIT_SECONDS": float(os.environ.get("BACKLOT_HEALTH_MAX_WAIT_SECONDS", "300")),
+    "METRICS_TOKEN": os.environ.get("METRICS_TOKEN", ""),
+}
+
+# The relay publishes the outbox, due scheduled jobs and expired leases (jobs.services.job_relay).
+CELERY_BEAT_SCHEDULE = {
+    "backlot-relay": {
+        "task": "jobs.relay",
+        "schedule": float(os.environ.get("BACKLOT_RELAY_INTERVAL", "5")),
+        "options": {"queue": "default", "expires": 30},
+    },
+}

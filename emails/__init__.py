@@ -1,0 +1,1 @@
+"""Email sending and campaigns."""

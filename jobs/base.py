@@ -1,0 +1,247 @@
+"""PlatformTask: the one Celery task class behind every @job.
+
+On the caller's side it turns apply_async/delay into a ledger-backed enqueue. On the worker's
+side (`__call__`) it takes a rate-limit token, claims the ledger row, runs the job, and on
+failure asks the retry policy whether to retry later or give up into the dead letters — all
+before Celery acknowledges the message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from celery import Task
+from celery.exceptions import Ignore, Reject, Retry
+from django.conf import settings
+from django.utils import timezone
+
+from . import services
+from .models import Job
+from .policies import DEFAULT_POLICY, Retryable, RetryPolicy, TimeLimitHit
+from .ratelimit import RateLimiter
+
+logger = logging.getLogger(__name__)
+
+# Seconds a claim outlives the hard time limit before another worker may take the job over.
+LEASE_MARGIN = 60.0
+
+RateKey = Callable[[tuple, dict], Any] | str
+
+
+class PlatformTask(Task):
+    """Base class installed by @job; the class attributes below are set per job."""
+
+    Request = "jobs.request:PlatformRequest"
+    acks_late = True
+    reject_on_worker_lost = True
+    # Backlot options (see jobs.decorators.job)
+    policy: RetryPolicy = DEFAULT_POLICY
+    track: bool = True
+    default_priority: int = 5
+    cluster_rate_limit: str | Mapping[str, str] | None = None
+    rate_key: RateKey | None = None
+
+    # --- caller's side -----------------------------------------------------------------
+    def enqueue(
+        self,
+        *args: Any,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        eta: datetime | None = None,
+        on_commit: bool = True,
+        owner: Any = None,
+        **kwargs: Any,
+    ) -> services.JobHandle:
+        """Accept the job; see jobs.services.job_enqueue."""
+        return services.job_enqueue(
+            task=self,
+            args=args,
+            kwargs=kwargs,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            delay=delay,
+            eta=eta,
+            on_commit=on_commit,
+            owner=owner,
+        )
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
+                    producer: Any = None, link: Any = None, link_error: Any = None,
+                    shadow: Any = None, **options: Any) -> Any:
+        if options.pop("_backlot_internal", False) or self.app.conf.task_always_eager:
+            return super().apply_async(
+                args, kwargs, task_id=task_id, producer=producer, link=link,
+                link_error=link_error, shadow=shadow, **options,
+            )
+        # Plain Celery .delay()/.apply_async(): the same ledger-backed path as enqueue().
+        passthrough = {k: v for k, v in options.items() if k not in _ENQUEUE_OPTIONS}
+        if link is not None:
+            passthrough["link"] = link
+        if link_error is not None:
+            passthrough["link_error"] = link_error
+        if producer is not None:
+            passthrough["producer"] = producer
+        handle = services.job_enqueue(
+            task=self,
+            args=args or (),
+            kwargs=kwargs or {},
+            priority=options.get("priority"),
+            delay=options.get("countdown"),
+            eta=options.get("eta"),
+            task_id=task_id,
+            publish_options=passthrough,
+        )
+        return self.AsyncResult(handle.id)
+
+    def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
+              throw: bool = True, eta: Any = None, countdown: float | None = None,
+              max_retries: int | None = None, **options: Any) -> Any:
+        """Celery's retry() maps onto the retry policy: a Retryable with the asked delay."""
+        raise Retryable(str(exc or "retry requested"), retry_after=countdown) from exc
+
+    # --- worker's side -----------------------------------------------------------------
+    def progress(self, done: int, total: int | None = None, message: str = "") -> bool:
+        """Report progress; throttled to one write per BACKLOT['PROGRESS_INTERVAL'] seconds.
+
+        The final step (done == total) is always written. Returns whether it was written.
+        """
+        request = self.request
+        if not self.track or not request.id or request.called_directly:
+            return False
+        now = time.monotonic()
+        last = getattr(request, "_backlot_progress_at", None)
+        final = total is not None and done >= total
+        if not final and last is not None and now - last < settings.BACKLOT["PROGRESS_INTERVAL"]:
+            return False
+        request._backlot_progress_at = now
+        services.job_progress(job_id=request.id, done=done, total=total, message=message)
+        return True
+
+    def lease_seconds(self) -> float:
+        return float(self.time_limit or self.app.conf.task_time_limit or 3600) + LEASE_MARGIN
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        request = self.request
+        if request.called_directly or request.is_eager or not request.id:
+            return self.run(*args, **kwargs)
+        if self.cluster_rate_limit and not self._take_rate_slot(args, kwargs):
+            raise Ignore()
+        if self.track:
+            claim = services.job_claim(job_id=request.id, lease_seconds=self.lease_seconds())
+            if claim is None:
+                raise Ignore()
+            attempt, failures = claim.attempt, claim.failures
+        else:
+            attempt, failures = (request.retries or 0) + 1, []
+        started = time.monotonic()
+        try:
+            result = self.run(*args, **kwargs)
+        except (Ignore, Reject, Retry):
+            raise
+        except Exception as exc:
+            self._attempt_failed(
+                exc, args=args, kwargs=kwargs, attempt=attempt, failures=failures,
+                run_seconds=time.monotonic() - started,
+            )
+            raise  # gave up: Celery records the failure and acknowledges after the dead letter
+        if self.track:
+            services.job_succeeded(job_id=request.id, run_seconds=time.monotonic() - started)
+        return result
+
+    def _attempt_failed(
+        self, exc: BaseException, *, args: tuple, kwargs: dict, attempt: int,
+        failures: list[dict[str, Any]], run_seconds: float | None = None, traceback: str = "",
+    ) -> None:
+        """Retry later (raising celery's Retry) or write the dead letter and return."""
+        reason = TimeLimitHit(str(exc) or "soft time limit") if isinstance(
+            exc, SoftTimeLimitExceeded
+        ) else exc
+        job_id = self.request.id
+        if self.policy.should_retry(reason, attempt):
+            delay = self.policy.delay_for(attempt)
+            if isinstance(reason, Retryable) and reason.retry_after is not None:
+                delay = max(0.0, float(reason.retry_after))
+            self._schedule_retry(job_id, args, kwargs, attempt, failures, reason, delay, run_seconds)
+            logger.info("Job %s (%s) attempt %s failed (%s); retry in %.1fs",
+                        job_id, self.name, attempt, type(reason).__name__, delay)
+            raise Retry(exc=reason, when=delay)
+        services.dead_letter_create(
+            task=self, job_id=job_id, args=args, kwargs=kwargs, attempt=attempt, exc=reason,
+            traceback=traceback, failures=failures, run_seconds=run_seconds,
+            priority=self._priority_of_request(), queue=self._queue_of_request(),
+        )
+
+    def _schedule_retry(self, job_id: str, args: tuple, kwargs: dict, attempt: int,
+                        failures: list[dict[str, Any]], exc: BaseException, delay: float,
+                        run_seconds: float | None) -> None:
+        due = timezone.now() + timedelta(seconds=delay)
+        if self.track:
+            due = services.job_retry_later(
+                job_id=job_id, attempt=attempt, failures=failures, exc=exc, delay=delay,
+                run_seconds=run_seconds or 0.0,
+            )
+            if delay > settings.BACKLOT["MAX_BROKER_COUNTDOWN"]:
+                return  # a long wait stays in the ledger; the relay publishes it when due
+        self._resend(args, kwargs, due, {"retries": attempt})
+
+    def _resend(self, args: tuple, kwargs: dict, due: Any, options: dict[str, Any],
+                mark_published: bool = True) -> None:
+        """Publish this job's message again (same id) for `due`; the relay covers a failure."""
+        job = Job(
+            id=self.request.id, args=list(args), kwargs=dict(kwargs),
+            queue=self._queue_of_request(), priority=self._priority_of_request(),
+            scheduled_for=due,
+        )
+        services.job_publish(job=job, task=self, options=options, mark_published=mark_published)
+
+    def _priority_of_request(self) -> int:
+        delivery = self.request.delivery_info or {}
+        broker = delivery.get("priority")
+        return 9 - broker if isinstance(broker, int) else self.default_priority
+
+    def _queue_of_request(self) -> str:
+        delivery = self.request.delivery_info or {}
+        return delivery.get("routing_key") or self.queue or "default"
+
+    def _take_rate_slot(self, args: tuple, kwargs: dict) -> bool:
+        """True when the job may run now; otherwise it is re-sent for its turn (no attempt)."""
+        request = self.request
+        slot = getattr(request, "backlot_rate_slot", None)
+        if slot is not None and slot <= time.time() + 0.05:
+            return True
+        bucket, rate = self.rate_bucket(args, kwargs)
+        if rate is None:
+            return True
+        decision = RateLimiter().acquire(bucket, rate)
+        if decision.allowed:
+            return True
+        headers = {"backlot_rate_slot": time.time() + decision.wait} if decision.reserved else {}
+        due = timezone.now() + timedelta(seconds=decision.wait)
+        self._resend(args, kwargs, due, {"retries": request.retries or 0, "headers": headers},
+                     mark_published=False)
+        logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
+        return False
+
+    def rate_bucket(self, args: tuple, kwargs: dict) -> tuple[str, str | None]:
+        """The bucket name and rate for this call (per key when rate_key is set)."""
+        key = None
+        if isinstance(self.rate_key, str):
+            key = kwargs.get(self.rate_key)
+        elif callable(self.rate_key):
+            key = self.rate_key(args, kwargs)
+        limit = self.cluster_rate_limit
+        if isinstance(limit, Mapping):
+            rate = limit.get(str(key), limit.get("*"))
+        else:
+            rate = limit
+        return (self.name if key is None else f"{self.name}:{key}"), rate
+
+
+# Options apply_async takes over into the ledger row; the rest pass through to the message.
+_ENQUEUE_OPTIONS = frozenset({"priority", "countdown", "eta", "queue"})

@@ -1,0 +1,49 @@
+"""Effects-once: record an effect in the same transaction as the writes that make it.
+
+    with effect_once(f"invoice-paid:{order_id}") as effect:
+        if effect.done:
+            return            # a redelivery or a replay: already applied
+        order.mark_paid()     # these writes and the effect record commit together
+
+For an external side effect (a payment provider, an email API), pass the same key to the
+provider as its idempotency key, so a retry after a crash between the call and the commit is
+recognized by the provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from celery import current_task
+from django.db import IntegrityError, transaction
+
+from .models import Effect
+
+
+@dataclass
+class EffectRecord:
+    key: str
+    done: bool  # True: applied before, skip the body's work
+
+
+@contextmanager
+def effect_once(key: str) -> Iterator[EffectRecord]:
+    """Run the body's database writes at most once per key; see the module docstring."""
+    if not key or len(key) > 255:
+        raise ValueError("effect key must be 1-255 characters")
+    task = current_task
+    job_id = getattr(getattr(task, "request", None), "id", None)
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                Effect.objects.create(key=key, job_id=job_id)
+        except IntegrityError:
+            yield EffectRecord(key=key, done=True)
+            return
+        yield EffectRecord(key=key, done=False)
+
+
+def effect_applied(key: str) -> bool:
+    return Effect.objects.filter(key=key).exists()

@@ -1,0 +1,21 @@
+"""The exceptions Backlot raises to callers; all derive from BacklotError."""
+
+
+class BacklotError(Exception):
+    """Base class of every error the platform raises on purpose."""
+
+
+class InvalidPayload(BacklotError, ValueError):
+    """Job arguments that cannot be sent: not JSON, or too large."""
+
+
+class PayloadTooLarge(InvalidPayload):
+    """Serialized arguments are over the size cap (BACKLOT['MAX_PAYLOAD_BYTES'])."""
+
+
+class UnknownTask(BacklotError, LookupError):
+    """A task name that no installed module registers (e.g. replaying a removed job)."""
+
+
+class ReplayError(BacklotError):
+    """A dead letter that cannot be replayed in its current state."""

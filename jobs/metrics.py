@@ -1,0 +1,38 @@
+"""Prometheus collector: numbers read at scrape time from Redis and the ledger."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from django.db.models import Count
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .models import DeadLetter
+from .monitoring import queue_stats
+
+
+class BacklotCollector(Collector):
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        depth = GaugeMetricFamily(
+            "backlot_queue_depth", "Messages waiting in the broker per queue.", labels=["queue"]
+        )
+        scheduled = GaugeMetricFamily(
+            "backlot_queue_scheduled", "Jobs waiting for their time per queue.", labels=["queue"]
+        )
+        running = GaugeMetricFamily("backlot_queue_running", "Jobs running per queue.", labels=["queue"])
+        oldest = GaugeMetricFamily(
+            "backlot_queue_oldest_wait_seconds", "Age of the oldest queued job.", labels=["queue"]
+        )
+        for q in queue_stats():
+            depth.add_metric([q.name], q.waiting)
+            scheduled.add_metric([q.name], q.scheduled)
+            running.add_metric([q.name], q.running)
+            oldest.add_metric([q.name], q.oldest_wait_seconds)
+        yield from (depth, scheduled, running, oldest)
+        dead = GaugeMetricFamily(
+            "backlot_dead_letters", "Dead letters by task and status.", labels=["task", "status"]
+        )
+        for row in DeadLetter.objects.values("task_name", "status").annotate(n=Count("id")):
+            dead.add_metric([row["task_name"], row["status"]], row["n"])
+        yield dead

@@ -1,0 +1,355 @@
+"""The job ledger, idempotency keys, recorded effects and dead letters."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class JobState(models.TextChoices):
+    """Where a job is in its life."""
+
+    QUEUED = "queued", "Queued"  # published (or waiting for the relay), not yet claimed
+    SCHEDULED = "scheduled", "Scheduled"  # waits for `scheduled_for` (delay, eta or rate limit)
+    RUNNING = "running", "Running"  # claimed by a worker under a lease
+    RETRYING = "retrying", "Retrying"  # failed an attempt; the next one is scheduled
+    SUCCEEDED = "succeeded", "Succeeded"  # finished; its result is in the result backend
+    DEAD = "dead", "Dead"  # gave up; a DeadLetter row holds what is needed to replay it
+
+
+ACTIVE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYING)
+CLAIMABLE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING)
+FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def active(self) -> JobQuerySet:
+        return self.filter(state__in=ACTIVE_STATES)
+
+    def finished(self) -> JobQuerySet:
+        return self.filter(state__in=FINISHED_STATES)
+
+    def for_task(self, name: str) -> JobQuerySet:
+        return self.filter(task_name=name)
+
+    def visible_to(self, user: Any) -> JobQuerySet:
+        """The jobs a user may read: their own, or every job for staff."""
+        if getattr(user, "is_staff", False):
+            return self
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(owner=user)
+
+    def due(self, now: datetime | None = None) -> JobQuerySet:
+        """Scheduled or retrying jobs held in the ledger whose time has come."""
+        return self.filter(
+            state__in=(JobState.SCHEDULED, JobState.RETRYING),
+            published_at__isnull=True,
+            scheduled_for__lte=now or timezone.now(),
+        )
+
+    def unpublished(self) -> JobQuerySet:
+        """Queued jobs whose message has not reached the broker yet (the outbox)."""
+        return self.filter(state=JobState.QUEUED, published_at__isnull=True)
+
+
+class Job(models.Model):
+    """One row per job, written at enqueue in the caller's transaction and moved by workers.
+
+    The row doubles as an outbox: `published_at` is empty until the message reached the broker.
+    """
+
+    id = models.UUIDField(
+        primary_key=True,
+        default=uuid.uuid4,
+        editable=False,
+        verbose_name="job id",
+        help_text="Also the Celery task id.",
+    )
+    task_name = models.CharField(
+        "task", max_length=200, help_text="Registered Celery task name.", db_index=False
+    )
+    args = models.JSONField("args", default=list, help_text="Positional arguments (JSON).")
+    kwargs = models.JSONField("kwargs", default=dict, help_text="Keyword arguments (JSON).")
+    queue = models.CharField("queue", max_length=100, help_text="Broker queue it is sent to.")
+    priority = models.PositiveSmallIntegerField(
+        "priority", default=5, help_text="0 (lowest) to 9 (highest)."
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="owner",
+        help_text="User on whose behalf the job runs; only they and staff may read it.",
+    )
+    idempotency_key = models.CharField(
+        "idempotency key",
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="Key that de-duplicated this enqueue, if any.",
+    )
+    state = models.CharField(
+        "state",
+        max_length=16,
+        choices=JobState.choices,
+        default=JobState.QUEUED,
+        help_text="Where the job is in its life.",
+    )
+    attempts = models.PositiveIntegerField("attempts", default=0, help_text="Runs started.")
+    max_attempts = models.PositiveIntegerField(
+        "max attempts", default=1, help_text="Runs allowed by the retry policy."
+    )
+    deliveries = models.PositiveIntegerField(
+        "deliveries", default=0, help_text="Messages received by workers, duplicates included."
+    )
+    crashes = models.PositiveIntegerField(
+        "worker crashes", default=0, help_text="Times a worker process died running it."
+    )
+    progress_done = models.PositiveBigIntegerField("progress done", default=0, help_text="Steps done.")
+    progress_total = models.PositiveBigIntegerField(
+        "progress total", null=True, blank=True, help_text="Steps in all, when known."
+    )
+    progress_message = models.CharField(
+        "progress message", max_length=255, blank=True, default="", help_text="Latest step."
+    )
+    error = models.TextField(
+        "error", blank=True, default="", help_text="Exception class and message of the last failure."
+    )
+    failures = models.JSONField(
+        "failures", default=list, blank=True, help_text="One entry per failed attempt."
+    )
+    enqueued_at = models.DateTimeField("enqueued", default=timezone.now, help_text="Accepted.")
+    scheduled_for = models.DateTimeField(
+        "scheduled for", null=True, blank=True, help_text="Earliest start (delay, eta, retry)."
+    )
+    published_at = models.DateTimeField(
+        "published", null=True, blank=True, help_text="Last handed to the broker; empty = pending."
+    )
+    started_at = models.DateTimeField(
+        "started", null=True, blank=True, help_text="First run started."
+    )
+    last_started_at = models.DateTimeField(
+        "last started", null=True, blank=True, help_text="Latest run started."
+    )
+    finished_at = models.DateTimeField(
+        "finished", null=True, blank=True, help_text="Succeeded or gave up."
+    )
+    failed_at = models.DateTimeField(
+        "failed", null=True, blank=True, help_text="Latest failed attempt."
+    )
+    lease_expires_at = models.DateTimeField(
+        "lease expires", null=True, blank=True, help_text="A running claim is void after this."
+    )
+    run_seconds = models.FloatField(
+        "run time (s)", null=True, blank=True, help_text="Duration of the last run."
+    )
+    replay_of = models.ForeignKey(
+        "DeadLetter",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="replays",
+        verbose_name="replay of",
+        help_text="The dead letter this job replays.",
+    )
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "job"
+        verbose_name_plural = "jobs"
+        ordering = ("-enqueued_at",)
+        indexes = [
+            models.Index(fields=["state", "queue", "enqueued_at"], name="job_state_queue_idx"),
+            models.Index(fields=["task_name", "enqueued_at"], name="job_task_idx"),
+            models.Index(fields=["owner", "enqueued_at"], name="job_owner_idx"),
+            models.Index(
+                fields=["scheduled_for"],
+                name="job_due_idx",
+                condition=Q(state__in=["scheduled", "retrying"], published_at__isnull=True),
+            ),
+            models.Index(fields=["finished_at"], name="job_finished_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} {self.id} ({self.state})"
+
+    @property
+    def queue_wait(self) -> float | None:
+        """Seconds from when the job could first run to when a worker started it."""
+        if not self.started_at:
+            return None
+        ready = max(self.enqueued_at, self.scheduled_for or self.enqueued_at)
+        return max(0.0, (self.started_at - ready).total_seconds())
+
+    @property
+    def progress_percent(self) -> float | None:
+        if not self.progress_total:
+            return None
+        return round(100.0 * self.progress_done / self.progress_total, 1)
+
+
+class IdempotencyRecord(models.Model):
+    """A unique (task, key) pair pointing at the job it started.
+
+    Inserted in the enqueue's transaction; an IntegrityError means another enqueue holds the key.
+    """
+
+    key = models.CharField(
+        "key", max_length=460, unique=True, help_text="Task name and caller's key."
+    )
+    job = models.ForeignKey(
+        Job,
+        on_delete=models.CASCADE,
+        related_name="+",
+        verbose_name="job",
+        help_text="The job that holds the key.",
+    )
+    created_at = models.DateTimeField("created", default=timezone.now, help_text="Taken.")
+
+    class Meta:
+        verbose_name = "idempotency record"
+        verbose_name_plural = "idempotency records"
+
+    def __str__(self) -> str:
+        return self.key
+
+    def holds(self, ttl: timedelta, now: datetime | None = None) -> bool:
+        """Whether the key still de-duplicates: job active, or succeeded within the TTL."""
+        job = self.job
+        if job.state in ACTIVE_STATES:
+            return True
+        if job.state == JobState.SUCCEEDED:
+            return (now or timezone.now()) - (job.finished_at or job.enqueued_at) < ttl
+        return False
+
+
+class Effect(models.Model):
+    """An effect that happened once, recorded in the same transaction as the effect's writes."""
+
+    key = models.CharField("key", max_length=255, unique=True, help_text="Names the effect.")
+    job_id = models.UUIDField(
+        "job id", null=True, blank=True, help_text="Job that applied it, when run inside one."
+    )
+    created_at = models.DateTimeField("applied", default=timezone.now, help_text="When.")
+
+    class Meta:
+        verbose_name = "effect"
+        verbose_name_plural = "effects"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class DeadLetterStatus(models.TextChoices):
+    """What became of a job that gave up."""
+
+    DEAD = "dead", "Dead"  # waiting for an operator
+    REPLAYED = "replayed", "Replayed"  # sent again as a new job (see replayed_job)
+    DISCARDED = "discarded", "Discarded"  # an operator decided not to run it
+
+
+class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
+    def unresolved(self) -> DeadLetterQuerySet:
+        return self.filter(status=DeadLetterStatus.DEAD)
+
+    def for_task(self, name: str) -> DeadLetterQuerySet:
+        return self.filter(task_name=name)
+
+
+class DeadLetter(models.Model):
+    """A job that gave up, with everything needed to understand and replay it."""
+
+    job = models.OneToOneField(
+        Job,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="dead_letter",
+        verbose_name="job",
+        help_text="Ledger entry of the job that gave up (empty for untracked jobs).",
+    )
+    job_id_value = models.UUIDField(
+        "job id", db_index=True, help_text="Celery task id of the job that gave up."
+    )
+    task_name = models.CharField("task", max_length=200, help_text="Registered task name.")
+    args = models.JSONField("args", default=list, help_text="Positional arguments (JSON).")
+    kwargs = models.JSONField("kwargs", default=dict, help_text="Keyword arguments (JSON).")
+    queue = models.CharField("queue", max_length=100, help_text="Queue it ran on.")
+    priority = models.PositiveSmallIntegerField("priority", default=5, help_text="0-9.")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="owner",
+        help_text="Owner of the job.",
+    )
+    attempts = models.PositiveIntegerField("attempts", default=0, help_text="Runs made.")
+    exception_class = models.CharField(
+        "exception", max_length=255, help_text="Dotted class of the final exception."
+    )
+    exception_message = models.TextField("message", blank=True, help_text="Its message.")
+    traceback = models.TextField("traceback", blank=True, help_text="Full traceback.")
+    first_failed_at = models.DateTimeField("first failure", help_text="First failed attempt.")
+    last_failed_at = models.DateTimeField("last failure", help_text="Final failed attempt.")
+    status = models.CharField(
+        "status",
+        max_length=16,
+        choices=DeadLetterStatus.choices,
+        default=DeadLetterStatus.DEAD,
+        help_text="Dead, replayed or discarded.",
+    )
+    replayed_job = models.ForeignKey(
+        Job,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="replayed as",
+        help_text="The new job a replay created.",
+    )
+    resolved_at = models.DateTimeField(
+        "resolved", null=True, blank=True, help_text="When it was replayed or discarded."
+    )
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="resolved by",
+        help_text="Operator who replayed or discarded it.",
+    )
+
+    objects = DeadLetterQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters"
+        ordering = ("-last_failed_at",)
+        indexes = [
+            models.Index(fields=["status", "last_failed_at"], name="dl_status_idx"),
+            models.Index(fields=["task_name", "last_failed_at"], name="dl_task_idx"),
+            models.Index(fields=["last_failed_at"], name="dl_failed_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} {self.job_id_value} ({self.status})"
+
+    def mark_replayed(self, *, job: Job | None, by: Any = None) -> None:
+        self.status = DeadLetterStatus.REPLAYED
+        self.replayed_job = job
+        self.resolved_at = timezone.now()
+        self.resolved_by = by if getattr(by, "pk", None) else None
+        self.save(update_fields=["status", "replayed_job", "resolved_at", "resolved_by"])

@@ -1,0 +1,155 @@
+"""Queue depth, oldest wait, workers online and the health verdict, read cheaply enough to poll."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
+
+from celery import current_app
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from .models import DeadLetter, Job, JobState
+from .ratelimit import redis_client
+
+logger = logging.getLogger(__name__)
+
+# Worker pings are broadcast over the broker and cost up to a second; share one answer.
+WORKERS_CACHE_SECONDS = 10
+WORKERS_CACHE_KEY = "backlot:monitor:workers"
+
+
+def broker_queue_keys(queue: str) -> list[str]:
+    """Redis list names kombu uses for a queue, one per priority level."""
+    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    sep = options.get("sep", ":")
+    return [queue if step == 0 else f"{queue}{sep}{step}" for step in options["priority_steps"]]
+
+
+@dataclass
+class QueueStats:
+    name: str
+    waiting: int  # messages in Redis, not yet taken by a worker
+    scheduled: int  # ledger rows waiting for their time (delay, eta, retry)
+    running: int
+    oldest_wait_seconds: float  # age of the oldest queued job (0 when none)
+
+
+def queue_stats() -> list[QueueStats]:
+    client = redis_client()
+    pipe = client.pipeline(transaction=False)
+    for queue in settings.BACKLOT_QUEUES:
+        for key in broker_queue_keys(queue):
+            pipe.llen(key)
+    lengths = pipe.execute()
+    steps = len(settings.CELERY_BROKER_TRANSPORT_OPTIONS["priority_steps"])
+    counts: dict[tuple[str, str], int] = {
+        (row["queue"], row["state"]): row["n"]
+        for row in Job.objects.active().values("queue", "state").annotate(n=Count("id"))
+    }
+    oldest = dict(
+        Job.objects.filter(state=JobState.QUEUED)
+        .values("queue")
+        .annotate(first=Min("enqueued_at"))
+        .values_list("queue", "first")
+    )
+    now = timezone.now()
+    stats = []
+    for index, queue in enumerate(settings.BACKLOT_QUEUES):
+        first = oldest.get(queue)
+        stats.append(
+            QueueStats(
+                name=queue,
+                waiting=sum(lengths[index * steps : (index + 1) * steps]),
+                scheduled=counts.get((queue, JobState.SCHEDULED), 0)
+                + counts.get((queue, JobState.RETRYING), 0),
+                running=counts.get((queue, JobState.RUNNING), 0),
+                oldest_wait_seconds=(now - first).total_seconds() if first else 0.0,
+            )
+        )
+    return stats
+
+
+def workers_online() -> dict[str, list[str]]:
+    """Worker hostname -> queues it consumes; cached briefly in Redis."""
+    client = redis_client()
+    cached = client.get(WORKERS_CACHE_KEY)
+    if cached is not None:
+        return json.loads(cached)
+    replies = current_app.control.inspect(timeout=1.0).active_queues() or {}
+    workers = {host: sorted(q["name"] for q in queues) for host, queues in replies.items()}
+    client.set(WORKERS_CACHE_KEY, json.dumps(workers), ex=WORKERS_CACHE_SECONDS)
+    return workers
+
+
+def _check(fn: Any) -> tuple[bool, Any]:
+    try:
+        return True, fn()
+    except Exception as exc:  # a health check reports failures, it does not raise them
+        logger.warning("Health check %s failed: %s", getattr(fn, "__name__", fn), exc)
+        return False, f"{type(exc).__name__}: {exc}"
+
+
+def _database() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return "ok"
+
+
+def _redis() -> dict[str, Any]:
+    client = redis_client()
+    client.ping()
+    info = client.info("memory") | client.info("persistence")
+    return {
+        "maxmemory_policy": info.get("maxmemory_policy"),
+        "aof_enabled": bool(info.get("aof_enabled")),
+        "used_memory": info.get("used_memory"),
+    }
+
+
+def health_report() -> tuple[str, dict[str, Any]]:
+    """("healthy" | "degraded" | "down", details). Down: the database or Redis is unreachable."""
+    limits = settings.BACKLOT
+    db_ok, db = _check(_database)
+    redis_ok, redis_info = _check(_redis)
+    checks: dict[str, Any] = {"database": db, "redis": redis_info}
+    if not (db_ok and redis_ok):
+        return "down", {"checks": checks}
+    problems: list[str] = []
+    queues_ok, queues = _check(queue_stats)
+    workers_ok, workers = _check(workers_online)
+    if queues_ok:
+        checks["queues"] = {q.name: asdict(q) for q in queues}
+        for q in queues:
+            if q.waiting > limits["HEALTH_MAX_QUEUE_DEPTH"]:
+                problems.append(f"queue {q.name}: {q.waiting} waiting > {limits['HEALTH_MAX_QUEUE_DEPTH']}")
+            if q.oldest_wait_seconds > limits["HEALTH_MAX_WAIT_SECONDS"]:
+                problems.append(
+                    f"queue {q.name}: oldest job waited {q.oldest_wait_seconds:.0f}s > "
+                    f"{limits['HEALTH_MAX_WAIT_SECONDS']:.0f}s"
+                )
+    else:
+        problems.append(f"queue stats unavailable: {queues}")
+    if workers_ok:
+        checks["workers"] = workers
+        served = {q for names in workers.values() for q in names}
+        for queue in settings.BACKLOT_QUEUES:
+            if queue not in served:
+                problems.append(f"no worker consumes queue {queue}")
+    else:
+        problems.append(f"workers unavailable: {workers}")
+    if redis_info.get("maxmemory_policy") != "noeviction":
+        problems.append(f"redis maxmemory-policy is {redis_info.get('maxmemory_policy')}, not noeviction")
+    checks["dead_letters"] = {
+        "unresolved": DeadLetter.objects.unresolved().count(),
+        "last_hour": DeadLetter.objects.filter(
+            last_failed_at__gte=timezone.now() - timedelta(hours=1)
+        ).count(),
+    }
+    checks["problems"] = problems
+    return ("degraded" if problems else "healthy"), {"checks": checks}

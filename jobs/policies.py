@@ -1,0 +1,120 @@
+"""Retry policies and the error classes that steer them."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class Retryable(Exception):
+    """A transient failure: retry per the policy, optionally after `retry_after` seconds."""
+
+    def __init__(self, message: str = "", *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Permanent(Exception):
+    """A failure that no retry can fix: the job goes to the dead letters at once."""
+
+
+class TimeLimitHit(Exception):
+    """The job ran past its hard time limit and its process was killed."""
+
+
+def exponential_backoff(
+    attempt: int,
+    *,
+    base: float,
+    factor: float,
+    cap: float,
+    jitter: bool,
+    rng: random.Random | None = None,
+) -> float:
+    """Delay before retry number `attempt` (1-based): base * factor**(attempt-1), capped.
+
+    With jitter ("full jitter"), the delay is uniform in [0, that value], which spreads a
+    thundering herd of retries over the whole window.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempt must be >= 1, got {attempt}")
+    ceiling = min(cap, base * factor ** (attempt - 1))
+    if not jitter:
+        return ceiling
+    return (rng or random).uniform(0, ceiling)
+
+
+# Exceptions retried when a policy names none: the transient ones of the standard library.
+DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
+    Retryable,
+    ConnectionError,
+    TimeoutError,
+    TimeLimitHit,
+)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a job retries.
+
+    max_attempts counts every run, the first included. Delays come from `delays` when given
+    (the last entry repeats), else from exponential backoff with full jitter. `retry_on` are the
+    transient exceptions; anything else (and anything in `give_up_on`, and Permanent) gives up
+    at once.
+    """
+
+    max_attempts: int = 5
+    base_delay: float = 1.0
+    factor: float = 2.0
+    max_delay: float = 600.0
+    jitter: bool = True
+    delays: Sequence[float] | None = None
+    retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY_ON
+    give_up_on: tuple[type[BaseException], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.delays is not None:
+            if not self.delays or any(d < 0 for d in self.delays):
+                raise ValueError("delays must be a non-empty list of non-negative seconds")
+            object.__setattr__(self, "delays", tuple(float(d) for d in self.delays))
+        if self.base_delay < 0 or self.max_delay < 0 or self.factor < 1:
+            raise ValueError("base_delay and max_delay must be >= 0 and factor >= 1")
+
+    @classmethod
+    def explicit(cls, *delays: float, **options: object) -> RetryPolicy:
+        """A policy retrying after each given delay in turn: explicit(1, 5, 30, 300, 1800)."""
+        options.setdefault("max_attempts", len(delays) + 1)
+        return cls(delays=delays, **options)  # type: ignore[arg-type]
+
+    def should_retry(self, exc: BaseException, attempt: int) -> bool:
+        """Whether a failure of run number `attempt` (1-based) earns another run."""
+        if attempt >= self.max_attempts:
+            return False
+        if isinstance(exc, Permanent) or isinstance(exc, self.give_up_on):
+            return False
+        return isinstance(exc, self.retry_on)
+
+    def delay_for(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait after failed run number `attempt` (1-based)."""
+        if self.delays is not None:
+            return self.delays[min(attempt, len(self.delays)) - 1]
+        return exponential_backoff(
+            attempt,
+            base=self.base_delay,
+            factor=self.factor,
+            cap=self.max_delay,
+            jitter=self.jitter,
+            rng=rng,
+        )
+
+    def longest_delay(self) -> float:
+        """The largest delay this policy can ask for (checked against the broker's limits)."""
+        if self.delays is not None:
+            return max(self.delays)
+        return min(self.max_delay, self.base_delay * self.factor ** max(0, self.max_attempts - 2))
+
+
+DEFAULT_POLICY = RetryPolicy()

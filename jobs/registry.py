@@ -1,0 +1,29 @@
+"""Looks up registered platform tasks by name (for replay and the relay)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from celery import current_app
+
+from .exceptions import UnknownTask
+
+if TYPE_CHECKING:
+    from .base import PlatformTask
+
+
+def task_by_name(name: str) -> PlatformTask:
+    from .base import PlatformTask
+
+    task = current_app.tasks.get(name)
+    if task is None or not isinstance(task, PlatformTask):
+        raise UnknownTask(
+            f"No job named {name!r} is registered (was it renamed or removed?); nothing was sent"
+        )
+    return task
+
+
+def platform_tasks() -> list[PlatformTask]:
+    from .base import PlatformTask
+
+    return [task for task in current_app.tasks.values() if isinstance(task, PlatformTask)]

@@ -1,0 +1,453 @@
+"""The job ledger's operations: enqueue, publish, claim, finish, fail, dead letters, replay.
+
+Views, admin, commands and the worker-side task class call these; they own every write to
+the ledger so that each state change happens in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback as traceback_module
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.urls import reverse
+from django.utils import timezone
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
+
+from .exceptions import ReplayError, UnknownTask
+from .models import (
+    CLAIMABLE_STATES,
+    DeadLetter,
+    DeadLetterStatus,
+    IdempotencyRecord,
+    Job,
+    JobState,
+)
+from .payload import payload_check
+
+if TYPE_CHECKING:
+    from .base import PlatformTask
+
+logger = logging.getLogger(__name__)
+
+# Failures the ledger keeps per job (the newest); older ones are summarized by the count.
+MAX_FAILURES_KEPT = 20
+# The relay leaves a fresh unpublished row alone this long: its on-commit publish is in flight.
+RELAY_GRACE = timedelta(seconds=10)
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What enqueue returns: the job id, and whether this call created the job."""
+
+    id: str
+    task_name: str
+    created: bool = True
+
+    @property
+    def status_url(self) -> str:
+        return reverse("api-1:job_status", kwargs={"job_id": self.id})
+
+    def job(self) -> Job:
+        return Job.objects.get(id=self.id)
+
+
+def broker_priority(priority: int) -> int:
+    """Backlot priorities run 0 (lowest) to 9 (highest); Redis consumes level 0 first."""
+    return 9 - priority
+
+
+def _check_priority(priority: int) -> int:
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
+        raise ValueError(f"priority must be an integer from 0 (lowest) to 9 (highest), got {priority!r}")
+    return priority
+
+
+def _resolve_start(delay: float | None, eta: datetime | None, now: datetime) -> datetime | None:
+    if delay is not None and eta is not None:
+        raise ValueError("pass either delay or eta, not both")
+    if delay is not None:
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        return now + timedelta(seconds=delay) if delay > 0 else None
+    if eta is not None:
+        if timezone.is_naive(eta):
+            raise ValueError("eta must be timezone-aware")
+        return eta if eta > now else None
+    return None
+
+
+def job_enqueue(
+    *,
+    task: PlatformTask,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    priority: int | None = None,
+    delay: float | None = None,
+    eta: datetime | None = None,
+    on_commit: bool = True,
+    owner: Any = None,
+    task_id: str | None = None,
+    publish_options: Mapping[str, Any] | None = None,
+) -> JobHandle:
+    """Accept a job: check its payload, write its ledger row, publish after commit.
+
+    With an idempotency key, a second enqueue while the first job is active (or succeeded
+    within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
+    """
+    args, kwargs = list(args), dict(kwargs or {})
+    payload_check(
+        task_name=task.name,
+        args=args,
+        kwargs=kwargs,
+        max_bytes=settings.BACKLOT["MAX_PAYLOAD_BYTES"],
+    )
+    priority = _check_priority(task.default_priority if priority is None else priority)
+    now = timezone.now()
+    start_at = _resolve_start(delay, eta, now)
+    job = Job(
+        id=uuid.UUID(task_id) if task_id else uuid.uuid4(),
+        task_name=task.name,
+        args=args,
+        kwargs=kwargs,
+        queue=task.queue or settings.CELERY_TASK_DEFAULT_QUEUE,
+        priority=priority,
+        owner=owner if getattr(owner, "pk", None) else None,
+        idempotency_key=idempotency_key or "",
+        state=JobState.SCHEDULED if start_at else JobState.QUEUED,
+        max_attempts=task.policy.max_attempts,
+        enqueued_at=now,
+        scheduled_for=start_at,
+    )
+    if not task.track:
+        if idempotency_key:
+            raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
+        _on_commit_or_now(on_commit, lambda: job_publish(job=job, task=task, options=publish_options))
+        return JobHandle(id=str(job.id), task_name=task.name)
+
+    with transaction.atomic():
+        if idempotency_key:
+            holder = _take_idempotency_key(job=job, key=idempotency_key, now=now)
+            if holder is not None:
+                return JobHandle(id=str(holder.id), task_name=task.name, created=False)
+        else:
+            job.save(force_insert=True)
+    if _publishes_now(job, now):
+        _on_commit_or_now(on_commit, lambda: job_publish(job=job, task=task, options=publish_options))
+    return JobHandle(id=str(job.id), task_name=task.name)
+
+
+def _on_commit_or_now(on_commit: bool, send: Any) -> None:
+    if on_commit:
+        transaction.on_commit(send)
+    else:
+        send()
+
+
+def _publishes_now(job: Job, now: datetime) -> bool:
+    """Whether the broker holds the job now; long delays wait in the ledger for the relay."""
+    if job.scheduled_for is None:
+        return True
+    horizon = settings.BACKLOT["MAX_BROKER_COUNTDOWN"]
+    return (job.scheduled_for - now).total_seconds() <= horizon
+
+
+def _take_idempotency_key(*, job: Job, key: str, now: datetime) -> Job | None:
+    """Save `job` holding `key`, or return the job that already holds it."""
+    scoped = f"{job.task_name}:{key}"
+    try:
+        with transaction.atomic():
+            job.save(force_insert=True)
+            IdempotencyRecord.objects.create(key=scoped, job=job, created_at=now)
+            return None
+    except IntegrityError:
+        pass
+    record = IdempotencyRecord.objects.select_for_update().select_related("job").get(key=scoped)
+    ttl = timedelta(seconds=settings.BACKLOT["IDEMPOTENCY_TTL"])
+    if record.holds(ttl, now):
+        return record.job
+    # The holder is dead or its success has expired: this enqueue takes the key over.
+    job.save(force_insert=True)
+    record.job = job
+    record.created_at = now
+    record.save(update_fields=["job", "created_at"])
+    return None
+
+
+def job_publish(
+    *,
+    job: Job,
+    task: PlatformTask,
+    options: Mapping[str, Any] | None = None,
+    mark_published: bool = True,
+) -> bool:
+    """Hand a job's message to the broker and mark the ledger row published.
+
+    A broker that is down or frozen fails fast (bounded timeouts); the row then stays
+    unpublished and the relay sends it later. Returns whether the broker took the message.
+    """
+    now = timezone.now()
+    eta = job.scheduled_for if job.scheduled_for and job.scheduled_for > now else None
+    try:
+        task.apply_async(
+            job.args,
+            job.kwargs,
+            task_id=str(job.id),
+            queue=job.queue,
+            priority=broker_priority(job.priority),
+            eta=eta,
+            _backlot_internal=True,
+            **dict(options or {}),
+        )
+    except (KombuError, RedisError, OSError) as exc:
+        logger.warning("Broker unavailable, job %s stays in the outbox: %s", job.id, exc)
+        return False
+    if task.track and mark_published:
+        Job.objects.filter(id=job.id).update(published_at=now)
+    return True
+
+
+def job_relay(*, limit: int = 500) -> int:
+    """Publish what the ledger holds back: the outbox, due scheduled jobs, and expired leases.
+
+    Duplicates this may cause are harmless: a worker claims a job once.
+    """
+    from .registry import task_by_name
+
+    now = timezone.now()
+    Job.objects.filter(state=JobState.RUNNING, lease_expires_at__lt=now).update(
+        state=JobState.QUEUED, lease_expires_at=None, published_at=None
+    )
+    pending = list(
+        Job.objects.unpublished().filter(enqueued_at__lt=now - RELAY_GRACE).order_by("enqueued_at")[:limit]
+    ) + list(Job.objects.due(now).order_by("scheduled_for")[:limit])
+    sent = 0
+    for job in pending:
+        try:
+            task = task_by_name(job.task_name)
+        except UnknownTask:
+            logger.error("Job %s names unknown task %s; left in the ledger", job.id, job.task_name)
+            continue
+        if not job_publish(job=job, task=task):
+            break
+        sent += 1
+    return sent
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on a job for one run."""
+
+    job_id: str
+    attempt: int
+    max_attempts: int
+    failures: list[dict[str, Any]]
+
+
+def job_claim(*, job_id: str, lease_seconds: float) -> Claim | None:
+    """Move a job to running for this delivery, or None when the message must be dropped.
+
+    Only a job that waits (queued, scheduled, retrying), or runs under an expired lease, can
+    be claimed: a redelivered message of a running or finished job is a duplicate.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .only("state", "attempts", "max_attempts", "failures", "lease_expires_at", "started_at")
+            .filter(id=job_id)
+            .first()
+        )
+        if job is None:
+            logger.warning("Job %s has no ledger row (rolled back?); message dropped", job_id)
+            return None
+        expired = job.state == JobState.RUNNING and (
+            job.lease_expires_at is None or job.lease_expires_at < now
+        )
+        if job.state not in CLAIMABLE_STATES and not expired:
+            logger.info("Job %s is %s; duplicate delivery dropped", job_id, job.state)
+            Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
+            return None
+        job.state = JobState.RUNNING
+        job.attempts += 1
+        job.started_at = job.started_at or now
+        job.last_started_at = now
+        job.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        job.save(
+            update_fields=["state", "attempts", "started_at", "last_started_at", "lease_expires_at"]
+        )
+        Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
+    return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures))
+
+
+def job_succeeded(*, job_id: str, run_seconds: float) -> None:
+    Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
+        state=JobState.SUCCEEDED,
+        finished_at=timezone.now(),
+        lease_expires_at=None,
+        run_seconds=run_seconds,
+        error="",
+    )
+
+
+def job_progress(*, job_id: str, done: int, total: int | None, message: str) -> None:
+    Job.objects.filter(id=job_id).update(
+        progress_done=max(0, int(done)),
+        progress_total=None if total is None else max(0, int(total)),
+        progress_message=message[:255],
+    )
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    cls = type(exc)
+    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    return name, str(exc)
+
+
+def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str, Any]:
+    name, message = describe_exception(exc)
+    return {"attempt": attempt, "at": when.isoformat(), "exception": name, "message": message[:1000]}
+
+
+def job_retry_later(
+    *, job_id: str, attempt: int, failures: list[dict[str, Any]], exc: BaseException, delay: float,
+    run_seconds: float,
+) -> datetime:
+    """Record a failed attempt and schedule the next; returns when it is due.
+
+    The row is left unpublished: the caller publishes it (and marks it) when the broker should
+    hold it, otherwise the relay does once it is due.
+    """
+    now = timezone.now()
+    due = now + timedelta(seconds=delay)
+    name, message = describe_exception(exc)
+    Job.objects.filter(id=job_id).update(
+        state=JobState.RETRYING,
+        scheduled_for=due,
+        published_at=None,
+        lease_expires_at=None,
+        failed_at=now,
+        run_seconds=run_seconds,
+        error=f"{name}: {message}",
+        failures=(failures + [_failure_entry(attempt, exc, now)])[-MAX_FAILURES_KEPT:],
+    )
+    return due
+
+
+def dead_letter_create(
+    *,
+    task: PlatformTask,
+    job_id: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    attempt: int,
+    exc: BaseException,
+    traceback: str = "",
+    failures: list[dict[str, Any]] | None = None,
+    run_seconds: float | None = None,
+    priority: int | None = None,
+    queue: str | None = None,
+) -> DeadLetter:
+    """The job gives up: mark its ledger row dead and keep a dead letter, in one transaction."""
+    now = timezone.now()
+    name, message = describe_exception(exc)
+    tb = traceback or "".join(traceback_module.format_exception(exc))
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).first() if task.track else None
+        history = (failures or []) + [_failure_entry(attempt, exc, now)]
+        if job is not None:
+            job.state = JobState.DEAD
+            job.finished_at = now
+            job.failed_at = now
+            job.lease_expires_at = None
+            job.error = f"{name}: {message}"
+            job.failures = history[-MAX_FAILURES_KEPT:]
+            if run_seconds is not None:
+                job.run_seconds = run_seconds
+            job.save(
+                update_fields=[
+                    "state", "finished_at", "failed_at", "lease_expires_at", "error", "failures",
+                    "run_seconds",
+                ]
+            )
+        first_failed = datetime.fromisoformat(history[0]["at"]) if history else now
+        dead_letter, _ = DeadLetter.objects.update_or_create(
+            job_id_value=job_id,
+            status=DeadLetterStatus.DEAD,
+            defaults=dict(
+                job=job,
+                task_name=task.name,
+                args=list(args),
+                kwargs=dict(kwargs),
+                queue=job.queue if job else (queue or task.queue or "default"),
+                priority=job.priority if job else (priority if priority is not None else task.default_priority),
+                owner_id=job.owner_id if job else None,
+                attempts=attempt,
+                exception_class=name,
+                exception_message=message,
+                traceback=tb,
+                first_failed_at=first_failed,
+                last_failed_at=now,
+            ),
+        )
+    logger.warning("Job %s (%s) gave up after %s attempt(s): %s", job_id, task.name, attempt, name)
+    return dead_letter
+
+
+def job_release_after_crash(*, job_id: str) -> int:
+    """A worker process died running the job: free the claim and count the crash."""
+    Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
+        state=JobState.QUEUED, lease_expires_at=None, crashes=F("crashes") + 1
+    )
+    return Job.objects.filter(id=job_id).values_list("crashes", flat=True).first() or 0
+
+
+def dead_letter_replay(
+    *,
+    dead_letter: DeadLetter,
+    by: Any = None,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> JobHandle:
+    """Send a dead letter's job again as a new job, linked to it; the row is marked replayed.
+
+    The row is locked first: two operators replaying at once make one new job.
+    """
+    from .registry import task_by_name
+
+    with transaction.atomic():
+        row = DeadLetter.objects.select_for_update().get(pk=dead_letter.pk)
+        if row.status != DeadLetterStatus.DEAD:
+            raise ReplayError(f"Dead letter {row.pk} is already {row.status}; it cannot be replayed")
+        task = task_by_name(row.task_name)
+        handle = job_enqueue(
+            task=task,
+            args=row.args if args is None else args,
+            kwargs=row.kwargs if kwargs is None else kwargs,
+            priority=row.priority,
+            owner=row.owner,
+        )
+        job = Job.objects.get(id=handle.id) if task.track else None
+        if job is not None:
+            Job.objects.filter(id=job.id).update(replay_of=row)
+        row.mark_replayed(job=job, by=by)
+    dead_letter.refresh_from_db()
+    return handle
+
+
+def dead_letter_discard(*, dead_letter: DeadLetter, by: Any = None) -> bool:
+    updated = DeadLetter.objects.filter(pk=dead_letter.pk, status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.DISCARDED,
+        resolved_at=timezone.now(),
+        resolved_by=by if getattr(by, "pk", None) else None,
+    )
+    return bool(updated)

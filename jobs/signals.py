@@ -1,0 +1,1 @@
+"""Worker start-up hooks."""

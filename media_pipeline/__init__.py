@@ -1,0 +1,1 @@
+"""Video transcoding with progress."""

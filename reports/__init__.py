@@ -1,0 +1,1 @@
+"""PDF report generation and scheduled reports."""

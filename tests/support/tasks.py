@@ -1,0 +1,100 @@
+"""Jobs used by the test suite; real worker processes import this module (-I)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from jobs.decorators import job
+from jobs.effects import effect_once
+from jobs.policies import Permanent, RetryPolicy
+from jobs.ratelimit import redis_client
+
+
+def mark(key: str, value: Any = None) -> int:
+    """Append a timestamped entry to a Redis list the test reads; returns the new length."""
+    return int(redis_client().rpush(f"test:{key}", f"{time.time()}|{'' if value is None else value}"))
+
+
+def wait_for_flag(key: str, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if redis_client().exists(f"test:flag:{key}"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@job(name="tests.add")
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@job(name="tests.record")
+def record(key: str, label: str = "") -> str:
+    mark(key, label)
+    return label
+
+
+@job(name="tests.record_untracked", track=False)
+def record_untracked(key: str) -> None:
+    mark(key)
+
+
+@job(name="tests.flaky", retry=RetryPolicy(max_attempts=4, base_delay=1.0, factor=2.0, jitter=False))
+def flaky(key: str, fail_times: int) -> str:
+    runs = mark(key)
+    if runs <= fail_times:
+        raise ConnectionError(f"flaky failure {runs}")
+    return "done"
+
+
+@job(name="tests.explicit", retry=RetryPolicy.explicit(0.5, 2.0, 1.0))
+def explicit(key: str, fail_times: int) -> str:
+    runs = mark(key)
+    if runs <= fail_times:
+        raise TimeoutError(f"timeout {runs}")
+    return "done"
+
+
+@job(name="tests.refused", retry=RetryPolicy(max_attempts=5, base_delay=0.1))
+def refused(key: str, to: str) -> None:
+    mark(key)
+    raise Permanent(f"550 recipient refused: {to}")
+
+
+@job(name="tests.rate_limited", rate_limit="20/s")
+def rate_limited(key: str) -> None:
+    mark(key)
+
+
+@job(name="tests.slow_once")
+def slow_once(key: str, seconds: float) -> None:
+    mark(key)
+    time.sleep(seconds)
+
+
+@job(name="tests.progress", bind=True)
+def progress(self: Any, key: str, steps: int) -> int:
+    for step in range(1, steps + 1):
+        self.progress(step, steps, f"step {step}")
+        if step == steps // 2:
+            wait_for_flag(key)
+    return steps
+
+
+@job(name="tests.effect_then_fail", retry=RetryPolicy(max_attempts=3, base_delay=0.2, jitter=False))
+def effect_then_fail(key: str) -> str:
+    with effect_once(f"test-effect:{key}") as effect:
+        if not effect.done:
+            mark(f"{key}:applied")
+    if mark(f"{key}:runs") == 1:
+        raise ConnectionError("lost the connection after the effect committed")
+    return "ok"
+
+
+@job(name="tests.time_limited", soft_time_limit=1, time_limit=3,
+     retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False))
+def time_limited(key: str) -> None:
+    mark(key)
+    time.sleep(10)
