@@ -23,6 +23,7 @@ from django.utils import timezone
 from . import services
 from .models import Job
 from .policies import DEFAULT_POLICY, Retryable, RetryPolicy, TimeLimitHit
+from .progress import ProgressThrottle
 from .ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ class PlatformTask(Task):
     # Backlot options (see jobs.decorators.job)
     policy: RetryPolicy = DEFAULT_POLICY
     track: bool = True
+    queue_name: str = "default"  # not Celery's `queue` attribute, which 6.0 removes
     default_priority: int = 5
     cluster_rate_limit: str | Mapping[str, str] | None = None
     rate_key: RateKey | None = None
@@ -106,22 +108,22 @@ class PlatformTask(Task):
         raise Retryable(str(exc or "retry requested"), retry_after=countdown) from exc
 
     # --- worker's side -----------------------------------------------------------------
-    def progress(self, done: int, total: int | None = None, message: str = "") -> bool:
-        """Report progress; throttled to one write per BACKLOT['PROGRESS_INTERVAL'] seconds.
+    def progress(self, done: int, total: int | None = None, message: str = "") -> None:
+        """Report progress, visible in the ledger and the status API.
 
-        The final step (done == total) is always written. Returns whether it was written.
+        Throttled to one write per BACKLOT['PROGRESS_INTERVAL'] seconds: a call inside the
+        interval is kept and written when the interval ends (so the latest step shows even if
+        the job then blocks), and the final step (done >= total) is written at once.
         """
         request = self.request
         if not self.track or not request.id or request.called_directly:
-            return False
-        now = time.monotonic()
-        last = getattr(request, "_backlot_progress_at", None)
-        final = total is not None and done >= total
-        if not final and last is not None and now - last < settings.BACKLOT["PROGRESS_INTERVAL"]:
-            return False
-        request._backlot_progress_at = now
-        services.job_progress(job_id=request.id, done=done, total=total, message=message)
-        return True
+            return
+        throttle = getattr(request, "_backlot_progress", None)
+        if throttle is None:
+            throttle = request._backlot_progress = ProgressThrottle(
+                request.id, settings.BACKLOT["PROGRESS_INTERVAL"]
+            )
+        throttle.report(done, total, message)
 
     def lease_seconds(self) -> float:
         return float(self.time_limit or self.app.conf.task_time_limit or 3600) + LEASE_MARGIN
@@ -150,6 +152,10 @@ class PlatformTask(Task):
                 run_seconds=time.monotonic() - started,
             )
             raise  # gave up: Celery records the failure and acknowledges after the dead letter
+        finally:
+            throttle = getattr(request, "_backlot_progress", None)
+            if throttle is not None:
+                throttle.close()
         if self.track:
             services.job_succeeded(job_id=request.id, run_seconds=time.monotonic() - started)
         return result
@@ -207,7 +213,7 @@ class PlatformTask(Task):
 
     def _queue_of_request(self) -> str:
         delivery = self.request.delivery_info or {}
-        return delivery.get("routing_key") or self.queue or "default"
+        return delivery.get("routing_key") or self.queue_name
 
     def _take_rate_slot(self, args: tuple, kwargs: dict) -> bool:
         """True when the job may run now; otherwise it is re-sent for its turn (no attempt)."""

@@ -42,10 +42,10 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
     problems: list[Any] = []
     for task in platform_tasks():
-        if task.queue not in settings.BACKLOT_QUEUES:
+        if task.queue_name not in settings.BACKLOT_QUEUES:
             problems.append(
                 Error(
-                    f"Job {task.name} uses queue {task.queue!r}, which is not configured.",
+                    f"Job {task.name} uses queue {task.queue_name!r}, which is not configured.",
                     hint=f"Use one of {', '.join(settings.BACKLOT_QUEUES)}.",
                     obj=task.name,
                     id="jobs.E003",

@@ -48,7 +48,7 @@ def job(
             base=PlatformTask,
             name=name,
             bind=bind,
-            queue=queue,
+            queue_name=queue,
             policy=retry or DEFAULT_POLICY,
             time_limit=time_limit,
             soft_time_limit=soft_time_limit,

@@ -1,0 +1,142 @@
+"""Shared fixtures: real Redis, the PostgreSQL test database, real Celery worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from config.celery import app as celery_app
+from jobs.ratelimit import redis_client
+
+ROOT = Path(__file__).resolve().parent.parent
+LOG_DIR = ROOT / ".data" / "test-logs"
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05,
+               what: str = "condition") -> Any:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def marks(key: str) -> list[tuple[float, str]]:
+    """Entries the test jobs appended with tests.support.tasks.mark, as (time, value)."""
+    out = []
+    for raw in redis_client().lrange(f"test:{key}", 0, -1):
+        stamp, _, value = raw.decode().partition("|")
+        out.append((float(stamp), value))
+    return out
+
+
+def set_flag(key: str) -> None:
+    redis_client().set(f"test:flag:{key}", 1, ex=120)
+
+
+class Worker:
+    """A real `celery worker` process against the test database and Redis."""
+
+    def __init__(self, name: str, queues: str, concurrency: int, env: dict[str, str]) -> None:
+        self.name = f"{name}-{uuid.uuid4().hex[:6]}@localhost"
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOG_DIR / f"{self.name.split('@')[0]}.log"
+        self.log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "celery", "-A", "config", "worker",
+                "-Q", queues, "-c", str(concurrency), "-n", self.name,
+                "-I", "tests.support.tasks", "--without-gossip", "--without-mingle",
+                "--without-heartbeat", "-l", "INFO",
+            ],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_until(self.ready, timeout=60, interval=0.25, what=f"worker {self.name} to answer")
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"worker {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
+        return bool(celery_app.control.ping(destination=[self.name], timeout=0.5))
+
+    def pool_pids(self) -> list[int]:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
+                             capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self.log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        raise pytest.UsageError(
+            "Worker tests need PostgreSQL shared with worker processes: run them via `make test`, "
+            "which starts PostgreSQL and sets DATABASE_URL."
+        )
+    url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return {**os.environ, "DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL,
+            "BACKLOT_PROGRESS_INTERVAL": "0.1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="session")
+def start_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str = "worker", queues: str = "default,emails,media", concurrency: int = 2,
+              **env: str) -> Worker:
+        worker = Worker(name, queues, concurrency, {**worker_env, **env})
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture(scope="session")
+def session_worker(start_worker: Callable[..., Worker]) -> Worker:
+    """One worker for default, emails and media; the `reports` queue is left to tests' own."""
+    return start_worker("session")
+
+
+@pytest.fixture
+def clean_redis() -> None:
+    redis_client().flushdb()
+
+
+@pytest.fixture
+def worker(session_worker: Worker, clean_redis: None, transactional_db: None) -> Worker:
+    """A running worker, an empty broker, and committed (transactional) test data."""
+    return session_worker
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:12]
