@@ -128,7 +128,11 @@ def session_worker(start_worker: Callable[..., Worker]) -> Worker:
 
 @pytest.fixture
 def clean_redis() -> None:
-    redis_client().flushdb()
+    """Empty queues, buckets and test marks; keep kombu's exchange bindings."""
+    client = redis_client()
+    doomed = [key for key in client.scan_iter(count=1000) if not key.startswith(b"_kombu.binding.")]
+    if doomed:
+        client.delete(*doomed)
 
 
 @pytest.fixture

@@ -98,3 +98,8 @@ def effect_then_fail(key: str) -> str:
 def time_limited(key: str) -> None:
     mark(key)
     time.sleep(10)
+
+
+@job(name="tests.prioritized", queue="reports")
+def prioritized(key: str, label: str) -> None:
+    mark(key, label)
