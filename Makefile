@@ -1,0 +1,44 @@
+# Backlot developer entry points. See README.md.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Extra arguments for pytest, e.g. make test PYTEST_ARGS="-k retry -x"
+PYTEST_ARGS ?=
+export PYTEST_ARGS
+
+.PHONY: help venv run test lint services-up services-down stop clean
+
+help:
+	@echo "make run      start Redis, migrate, then web :8000, worker, beat and flower :5555 (Ctrl-C stops all)"
+	@echo "make test     start test Redis :6390 and PostgreSQL :54329, run pytest (PYTEST_ARGS=...), stop them"
+	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"
+	@echo "make lint     linters (none yet)"
+	@echo "make stop     stop any Redis/PostgreSQL that these scripts left running under .data/"
+	@echo "make clean    stop them and delete .data/, staticfiles/ and caches"
+
+venv:
+	@bash scripts/venv.sh
+
+run: venv
+	@bash scripts/run.sh
+
+test: venv
+	@bash scripts/test.sh
+
+lint:
+	@echo "lint: no linters configured yet"
+
+# The test services on their own, e.g. to run pytest by hand against them.
+services-up:
+	@bash scripts/services.sh redis-up redis://127.0.0.1:6390/0 .data/redis-test
+	@bash scripts/services.sh postgres-up .data/pg 54329
+	@echo "export DATABASE_URL=postgres://backlot@127.0.0.1:54329/backlot REDIS_URL=redis://127.0.0.1:6390/0"
+
+services-down stop:
+	@bash scripts/services.sh redis-down .data/redis
+	@bash scripts/services.sh redis-down .data/redis-test
+	@bash scripts/services.sh postgres-down .data/pg
+
+clean: stop
+	rm -rf .data staticfiles .pytest_cache
+	find . -path ./.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# `make test`: a test Redis (:6390) and PostgreSQL (:54329) under .data/, then pytest.
+# Services started here are stopped afterwards, whatever happens; the exit status is
+# pytest's. Extra arguments (or PYTEST_ARGS) go to pytest.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. scripts/lib.sh
+
+TEST_REDIS_URL=redis://127.0.0.1:6390/0
+TEST_REDIS_DATA=.data/redis-test
+TEST_PG_DATA=.data/pg
+TEST_PG_PORT=54329
+STATUS_FILE=.data/pytest.status   # read by .ci/run (make turns every failure into 2)
+
+started_redis=0
+started_pg=0
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [[ $started_redis -eq 1 ]]; then bash scripts/services.sh redis-down "$TEST_REDIS_DATA" || true; fi
+    if [[ $started_pg -eq 1 ]]; then bash scripts/services.sh postgres-down "$TEST_PG_DATA" || true; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+mkdir -p .data
+rm -f "$STATUS_FILE"
+
+if ! bash scripts/services.sh redis-status "$TEST_REDIS_DATA" >/dev/null 2>&1; then
+    started_redis=1   # set first: an interrupted start is still cleaned up
+fi
+bash scripts/services.sh redis-up "$TEST_REDIS_URL" "$TEST_REDIS_DATA"
+if ! bash scripts/services.sh redis-status "$TEST_REDIS_DATA" >/dev/null 2>&1; then
+    started_redis=0   # an already-running Redis not started by us was used
+fi
+
+if ! bash scripts/services.sh postgres-status "$TEST_PG_DATA" >/dev/null 2>&1; then
+    started_pg=1
+fi
+bash scripts/services.sh postgres-up "$TEST_PG_DATA" "$TEST_PG_PORT"
+
+export DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot"
+export REDIS_URL="$TEST_REDIS_URL"
+export PATH="$PWD/.venv/bin:$PATH"
+
+# PYTEST_ARGS is split on whitespace (no globbing); arguments to this script are kept as given.
+read -r -a args <<<"${PYTEST_ARGS:-}"
+args+=("$@")
+log "pytest ${args[*]}"
+rc=0
+.venv/bin/pytest "${args[@]}" || rc=$?
+echo "$rc" >"$STATUS_FILE"
+exit "$rc"
