@@ -39,7 +39,7 @@ else
   wait = 0
 end
 local new_tat = tat + interval
-redis.call('SET', KEYS[1], tostring(new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
+redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
 return {verdict, tostring(wait)}
 """
 
