@@ -154,7 +154,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": list(range(10)),
     "sep": ":",
     # An unacknowledged message is redelivered after this many seconds; it must outlast the
-    # longest countdown Redis may hold (jobs.E003 checks every retry policy against it).
+    # longest countdown Redis may hold (jobs.E002 checks the longest countdown Redis may hold against it).
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "7200")),
     # Bounded waits so an enqueue against a dead or frozen Redis fails fast into the ledger.
     "socket_timeout": 5,

@@ -39,6 +39,12 @@ def job(
     """
     if not 0 <= priority <= 9:
         raise ValueError(f"priority must be 0-9, got {priority!r}")
+    if time_limit is not None and soft_time_limit is None:
+        # The soft limit raises inside the job first, so it can clean up before the kill; left
+        # unset it would inherit CELERY_TASK_SOFT_TIME_LIMIT, which may exceed this hard limit.
+        soft_time_limit = time_limit * 0.9
+    if time_limit is not None and soft_time_limit is not None and soft_time_limit > time_limit:
+        raise ValueError(f"soft_time_limit ({soft_time_limit}) exceeds time_limit ({time_limit})")
     for rate in (rate_limit.values() if isinstance(rate_limit, Mapping) else [rate_limit]):
         if rate is not None:
             parse_rate(rate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from .exceptions import InvalidPayload, PayloadTooLarge
@@ -11,8 +12,8 @@ _JSON_SCALARS = (str, int, float, bool, type(None))
 
 
 def _find_non_json(value: Any, path: str) -> str | None:
-    if isinstance(value, bool) or isinstance(value, _JSON_SCALARS):
-        if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+    if isinstance(value, _JSON_SCALARS):
+        if isinstance(value, float) and not math.isfinite(value):
             return f"{path} is {value!r}, which JSON cannot represent"
         return None
     if isinstance(value, (list, tuple)):

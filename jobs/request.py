@@ -76,7 +76,7 @@ class _bound_request:
         self.task, self.request = task, request
 
     def __enter__(self) -> None:
-        self.task.push_request(self.request._context)
+        self.task.push_request(**vars(self.request._context))
 
     def __exit__(self, *exc_info: Any) -> None:
         self.task.pop_request()

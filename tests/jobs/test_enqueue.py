@@ -1,4 +1,8 @@
-"""Enqueue: the ledger row, on-commit publishing, delays and de-duplication (no worker)."""
+"""Enqueue: the ledger row, on-commit publishing, delays and de-duplication.
+
+These jobs go to `reports`, which the session worker leaves alone, so what reaches the broker
+stays there to be counted.
+"""
 
 from __future__ import annotations
 
@@ -17,20 +21,20 @@ from tests.support import tasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def messages_waiting(queue: str = "default") -> int:
+def messages_waiting(queue: str = "reports") -> int:
     client = redis_client()
     return sum(client.llen(key) for key in broker_queue_keys(queue))
 
 
 def test_enqueue_writes_the_ledger_row_and_publishes(clean_redis, admin_user):
-    handle = tasks.record.enqueue("k", label="a", priority=8, owner=admin_user, idempotency_key="o-1")
+    handle = tasks.prioritized.enqueue("k", label="a", priority=8, owner=admin_user, idempotency_key="o-1")
 
     job = Job.objects.get(id=handle.id)
     assert handle.created
-    assert job.task_name == "tests.record" and job.args == ["k"] and job.kwargs == {"label": "a"}
-    assert job.state == JobState.QUEUED and job.queue == "default" and job.priority == 8
+    assert job.task_name == "tests.prioritized" and job.args == ["k"] and job.kwargs == {"label": "a"}
+    assert job.state == JobState.QUEUED and job.queue == "reports" and job.priority == 8
     assert job.owner == admin_user and job.idempotency_key == "o-1"
-    assert job.max_attempts == tasks.record.policy.max_attempts and job.attempts == 0
+    assert job.max_attempts == tasks.prioritized.policy.max_attempts and job.attempts == 0
     assert job.published_at is not None
     assert messages_waiting() == 1
     assert handle.status_url == f"/api/jobs/{handle.id}/"
@@ -38,7 +42,7 @@ def test_enqueue_writes_the_ledger_row_and_publishes(clean_redis, admin_user):
 
 def test_rollback_sends_nothing(clean_redis):
     with pytest.raises(RuntimeError), transaction.atomic():
-        tasks.record.enqueue("k")
+        tasks.prioritized.enqueue("k", "a")
         raise RuntimeError("the view failed after enqueue")
 
     assert Job.objects.count() == 0
@@ -47,14 +51,14 @@ def test_rollback_sends_nothing(clean_redis):
 
 def test_publish_waits_for_commit(clean_redis):
     with transaction.atomic():
-        handle = tasks.record.enqueue("k")
+        handle = tasks.prioritized.enqueue("k", "a")
         assert messages_waiting() == 0  # not before commit
     assert messages_waiting() == 1
     assert Job.objects.get(id=handle.id).published_at is not None
 
 
 def test_plain_celery_delay_goes_through_the_ledger(clean_redis):
-    result = tasks.record.delay("k", label="plain")
+    result = tasks.prioritized.delay("k", label="plain")
 
     job = Job.objects.get(id=result.id)
     assert job.state == JobState.QUEUED and job.kwargs == {"label": "plain"}
@@ -62,7 +66,7 @@ def test_plain_celery_delay_goes_through_the_ledger(clean_redis):
 
 
 def test_short_delay_is_scheduled_in_the_broker(clean_redis):
-    handle = tasks.record.enqueue("k", delay=30)
+    handle = tasks.prioritized.enqueue("k", "a", delay=30)
 
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.SCHEDULED
@@ -71,7 +75,7 @@ def test_short_delay_is_scheduled_in_the_broker(clean_redis):
 
 
 def test_long_delay_waits_in_the_ledger_until_due(clean_redis, settings):
-    handle = tasks.record.enqueue("k", delay=3600)
+    handle = tasks.prioritized.enqueue("k", "a", delay=3600)
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.SCHEDULED and job.published_at is None
     assert services.job_relay() == 0  # not due yet
@@ -87,42 +91,42 @@ def test_long_delay_waits_in_the_ledger_until_due(clean_redis, settings):
 @pytest.mark.parametrize("bad", [{"priority": 10}, {"priority": -1}, {"delay": -5}])
 def test_bad_options_are_refused(clean_redis, bad):
     with pytest.raises(ValueError):
-        tasks.record.enqueue("k", **bad)
+        tasks.prioritized.enqueue("k", "a", **bad)
     assert Job.objects.count() == 0 and messages_waiting() == 0
 
 
 def test_same_key_while_waiting_returns_the_first_job(clean_redis):
-    first = tasks.record.enqueue("k", idempotency_key="order-7")
-    second = tasks.record.enqueue("k", idempotency_key="order-7")
+    first = tasks.prioritized.enqueue("k", "a", idempotency_key="order-7")
+    second = tasks.prioritized.enqueue("k", "a", idempotency_key="order-7")
 
     assert second.id == first.id and not second.created
     assert Job.objects.count() == 1 and messages_waiting() == 1
 
 
 def test_keys_are_scoped_per_task(clean_redis):
-    a = tasks.record.enqueue("k", idempotency_key="order-7")
+    a = tasks.prioritized.enqueue("k", "a", idempotency_key="order-7")
     b = tasks.add.enqueue(1, 2, idempotency_key="order-7")
     assert a.id != b.id
 
 
 def test_key_holds_after_success_for_the_ttl_then_frees(clean_redis, settings):
-    first = tasks.record.enqueue("k", idempotency_key="pay-1")
+    first = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-1")
     Job.objects.filter(id=first.id).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
-    assert tasks.record.enqueue("k", idempotency_key="pay-1").id == first.id
+    assert tasks.prioritized.enqueue("k", "a", idempotency_key="pay-1").id == first.id
 
     ttl = settings.BACKLOT["IDEMPOTENCY_TTL"]
     Job.objects.filter(id=first.id).update(finished_at=timezone.now() - timedelta(seconds=ttl + 1))
-    again = tasks.record.enqueue("k", idempotency_key="pay-1")
+    again = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-1")
 
     assert again.id != first.id and again.created
-    assert IdempotencyRecord.objects.get(key="tests.record:pay-1").job_id == again.job().id
+    assert IdempotencyRecord.objects.get(key="tests.prioritized:pay-1").job_id == again.job().id
 
 
 def test_key_of_a_dead_job_can_be_enqueued_again(clean_redis):
-    first = tasks.record.enqueue("k", idempotency_key="pay-2")
+    first = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-2")
     Job.objects.filter(id=first.id).update(state=JobState.DEAD, finished_at=timezone.now())
 
-    again = tasks.record.enqueue("k", idempotency_key="pay-2")
+    again = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-2")
 
     assert again.created and again.id != first.id
 

@@ -142,3 +142,32 @@ def test_untracked_job_runs_without_a_ledger_row(worker, unique):
 
     wait_until(lambda: marks(unique), what="untracked job to run")
     assert not Job.objects.filter(id=handle.id).exists()
+
+
+def test_hard_time_limit_kill_counts_as_failed_attempt(worker, unique):
+    handle = tasks.hard_limited.enqueue(unique)  # killed after 1 s, 2 attempts allowed
+    job = finished(handle.id, timeout=40)
+
+    assert job.state == JobState.DEAD and job.attempts == 2
+    assert len(marks(unique)) == 2
+    dead = DeadLetter.objects.get(job_id_value=handle.id)
+    assert dead.exception_class == "jobs.policies.TimeLimitHit"
+    assert "hard time limit" in dead.exception_message
+
+
+def test_job_whose_process_dies_runs_again(worker, unique):
+    handle = tasks.crashes.enqueue(unique, 1)  # kills its pool process once
+    job = finished(handle.id, timeout=40)
+
+    assert job.state == JobState.SUCCEEDED and job.crashes == 1
+    assert len(marks(unique)) == 2
+
+
+def test_job_that_keeps_killing_its_worker_becomes_a_dead_letter(worker, unique):
+    handle = tasks.crashes.enqueue(unique, 100)
+    job = finished(handle.id, timeout=60)
+
+    assert job.state == JobState.DEAD and job.crashes == 3
+    assert len(marks(unique)) == 3  # not redelivered forever
+    dead = DeadLetter.objects.get(job_id_value=handle.id)
+    assert "died 3 times" in dead.exception_message

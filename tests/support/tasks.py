@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
 
 from jobs.decorators import job
 from jobs.effects import effect_once
@@ -103,3 +107,22 @@ def time_limited(key: str) -> None:
 @job(name="tests.prioritized", queue="reports")
 def prioritized(key: str, label: str) -> None:
     mark(key, label)
+
+
+@job(name="tests.hard_limited", time_limit=2, soft_time_limit=1,
+     retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False))
+def hard_limited(key: str) -> None:
+    mark(key)
+    while True:  # swallows the soft limit, as code stuck in a C call would: only the kill ends it
+        try:
+            time.sleep(0.05)
+        except SoftTimeLimitExceeded:
+            pass
+
+
+@job(name="tests.crashes", retry=RetryPolicy(max_attempts=1))
+def crashes(key: str, times: int) -> str:
+    """Kills its own pool process the first `times` runs (a segfault, an OOM kill)."""
+    if mark(key) <= times:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "survived"
