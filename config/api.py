@@ -1,9 +1,21 @@
-"""The project's JSON API (django-ninja): session auth with CSRF, OpenAPI at /api/openapi.json."""
+"""The project's JSON API (django-ninja): session auth with CSRF, or a bearer token.
+
+OpenAPI at /api/openapi.json, interactive docs at /api/docs.
+"""
 
 from ninja import NinjaAPI
 from ninja.security import django_auth
 
+from emails.api import router as emails_router
 from jobs.api import router as jobs_router
+from jobs.auth import TokenAuth
+from media_pipeline.api import router as videos_router
+from reports.api import router as reports_router
 
-api = NinjaAPI(title="Backlot API", version="1", auth=django_auth, urls_namespace="api-1")
+api = NinjaAPI(
+    title="Backlot API", version="1", auth=[TokenAuth(), django_auth], urls_namespace="api-1"
+)
 api.add_router("/jobs/", jobs_router)
+api.add_router("/", emails_router)
+api.add_router("/reports/", reports_router)
+api.add_router("/videos/", videos_router)

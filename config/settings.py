@@ -229,3 +229,9 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"queue": "default", "expires": 30},
     },
 }
+
+LOGIN_URL = "/admin/login/"
+# Uploads (videos, CSV imports) larger than this are refused with 413 before they are stored.
+BACKLOT_MAX_UPLOAD_BYTES = int(os.environ.get("BACKLOT_MAX_UPLOAD_BYTES", str(500 * 1024 * 1024)))
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024  # larger uploads stream to a temp file
+DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024

@@ -198,13 +198,24 @@ class PlatformTask(Task):
 
     def _resend(self, args: tuple, kwargs: dict, due: Any, options: dict[str, Any],
                 mark_published: bool = True) -> None:
-        """Publish this job's message again (same id) for `due`; the relay covers a failure."""
+        """Publish this job's message again (same id) for `due`; the relay covers a failure.
+
+        Canvas links (chain, chord, group, callbacks) ride along, so a retried chord member
+        still counts toward its chord.
+        """
+        carried = {
+            key: value
+            for key, value in self.request.as_execution_options().items()
+            if value is not None and key not in _NOT_CARRIED
+        }
         job = Job(
             id=self.request.id, args=list(args), kwargs=dict(kwargs),
             queue=self._queue_of_request(), priority=self._priority_of_request(),
             scheduled_for=due,
         )
-        services.job_publish(job=job, task=self, options=options, mark_published=mark_published)
+        services.job_publish(
+            job=job, task=self, options={**carried, **options}, mark_published=mark_published
+        )
 
     def _priority_of_request(self) -> int:
         delivery = self.request.delivery_info or {}
@@ -249,5 +260,7 @@ class PlatformTask(Task):
         return (self.name if key is None else f"{self.name}:{key}"), rate
 
 
+# Message options a re-sent job does not inherit from the delivery it replaces.
+_NOT_CARRIED = frozenset({"task_id", "headers", "retries", "expires", "time_limit", "soft_time_limit"})
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
 _ENQUEUE_OPTIONS = frozenset({"priority", "countdown", "eta", "queue"})

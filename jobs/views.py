@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import hmac
+import uuid
 
 from django.conf import settings
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .metrics import BacklotCollector
+from .models import Job
 from .monitoring import health_report
 
 _registry = CollectorRegistry(auto_describe=False)
@@ -33,3 +38,15 @@ def metrics(request: HttpRequest) -> HttpResponse:
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
+
+
+@login_required
+def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """A job's status page: state, attempts and a progress bar polling the status API."""
+    job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
+    status_url = reverse("api-1:job_status", kwargs={"job_id": str(job.id)})
+    return render(request, "jobs/job_detail.html", {"job": job, "status_url": status_url})
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "home.html")

@@ -42,6 +42,12 @@ if ! bash scripts/services.sh postgres-status "$TEST_PG_DATA" >/dev/null 2>&1; t
 fi
 bash scripts/services.sh postgres-up "$TEST_PG_DATA" "$TEST_PG_PORT"
 
+# System tools the tests drive for real: ffprobe (media), Pango (WeasyPrint), Chromium (admin).
+missing=()
+command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
+ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0 || missing+=(libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core)
+if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
+
 export DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot"
 export REDIS_URL="$TEST_REDIS_URL"
 export PATH="$PWD/.venv/bin:$PATH"
