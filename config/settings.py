@@ -22,12 +22,9 @@ def env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and not env_bool("BACKLOT_ALLOW_DEV_SECRET", True):
-        raise RuntimeError("SECRET_KEY must be set when DEBUG is off")
-    # A fixed development key: production sets SECRET_KEY (the deploy check warns otherwise).
-    SECRET_KEY = "dev-insecure-backlot-key-change-me-in-production-0123456789"
+# Without SECRET_KEY a fixed development key is used; its "django-insecure-" prefix makes
+# `manage.py check --deploy` fail loudly, and compose requires a real one.
+SECRET_KEY = os.environ.get("SECRET_KEY") or "django-insecure-backlot-development-key-0123456789abcdef"
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
@@ -116,7 +113,7 @@ WHITENOISE_USE_FINDERS = DEBUG
 # Email: SMTP in production, a file sink for `make run`; tests point EMAIL_HOST at aiosmtpd.
 EMAIL_BACKEND = os.environ.get(
     "EMAIL_BACKEND",
-    "django.core.mail.backends.smtp.EmailBackend"
+    "emails.backends.TrackedSMTPBackend"
     if os.environ.get("EMAIL_HOST")
     else "django.core.mail.backends.filebased.EmailBackend",
 )
@@ -128,6 +125,8 @@ EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT", "10"))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "Backlot <noreply@example.com>")
+# Cluster-wide sending rate per SMTP provider (host), shared by every worker.
+EMAIL_RATE_LIMIT = os.environ.get("EMAIL_RATE_LIMIT", "100/s")
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG and "CI" not in os.environ)

@@ -47,7 +47,11 @@ def job_status(job: Job) -> dict[str, Any]:
     """The status document of a job, as the API returns it."""
     result = None
     if job.state == JobState.SUCCEEDED:
-        stored = TaskResult.objects.filter(task_id=str(job.id)).values_list("result", flat=True).first()
+        stored = (
+            TaskResult.objects.filter(task_id=str(job.id), status="SUCCESS")
+            .values_list("result", flat=True)
+            .first()
+        )
         result = json.loads(stored) if stored else None
     return {
         "job_id": str(job.id),

@@ -18,11 +18,15 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from django.conf import settings
+from django.db import DatabaseError
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
 from django.utils import timezone
 
 from . import services
+from .exceptions import BrokerUnavailable
 from .models import Job
-from .policies import DEFAULT_POLICY, Retryable, RetryPolicy, TimeLimitHit
+from .policies import DEFAULT_POLICY, Permanent, Retryable, RetryPolicy, TimeLimitHit
 from .progress import ProgressThrottle
 from .ratelimit import RateLimiter
 
@@ -47,6 +51,8 @@ class PlatformTask(Task):
     default_priority: int = 5
     cluster_rate_limit: str | Mapping[str, str] | None = None
     rate_key: RateKey | None = None
+    # Called as on_dead(exc, args, kwargs) after the job gave up and its dead letter is written.
+    on_dead: Callable[[BaseException, tuple, dict], None] | None = None
 
     # --- caller's side -----------------------------------------------------------------
     def enqueue(
@@ -89,11 +95,14 @@ class PlatformTask(Task):
             passthrough["link_error"] = link_error
         if producer is not None:
             passthrough["producer"] = producer
+        priority = options.get("priority")
         handle = services.job_enqueue(
             task=self,
             args=args or (),
             kwargs=kwargs or {},
-            priority=options.get("priority"),
+            queue=options.get("queue"),
+            # Backlot's scale: 0 (lowest) to 9 (highest); larger values (AMQP's 0-255) clamp.
+            priority=None if priority is None else max(0, min(9, int(priority))),
             delay=options.get("countdown"),
             eta=options.get("eta"),
             task_id=task_id,
@@ -132,19 +141,36 @@ class PlatformTask(Task):
         request = self.request
         if request.called_directly or request.is_eager or not request.id:
             return self.run(*args, **kwargs)
-        if self.cluster_rate_limit and not self._take_rate_slot(args, kwargs):
-            raise Ignore()
-        if self.track:
-            claim = services.job_claim(job_id=request.id, lease_seconds=self.lease_seconds())
-            if claim is None:
+        try:
+            if self.cluster_rate_limit and not self._take_rate_slot(args, kwargs):
                 raise Ignore()
-            attempt, failures = claim.attempt, claim.failures
-        else:
-            attempt, failures = (request.retries or 0) + 1, []
+            claim = None
+            if self.track:
+                claim = services.job_claim(job_id=request.id, lease_seconds=self.lease_seconds())
+                if claim is None:
+                    raise Ignore()
+        except (DatabaseError, RedisError, KombuError, OSError) as exc:
+            # The ledger or Redis is unreachable: hand the message back rather than ack it.
+            logger.warning("Job %s could not be claimed (%s); message requeued", request.id, exc)
+            raise Reject(str(exc), requeue=True) from exc
+        attempt = claim.attempt if claim else (request.retries or 0) + 1
+        failures = claim.failures if claim else []
         started = time.monotonic()
         try:
             result = self.run(*args, **kwargs)
-        except (Ignore, Reject, Retry):
+        except Retry:
+            raise
+        except Ignore:  # the job decided it has nothing (more) to do
+            self._finished(attempt, started)
+            raise
+        except Reject as exc:
+            if exc.requeue and self.track:
+                services.job_release(job_id=request.id)
+                raise
+            self._attempt_failed(
+                Permanent(f"rejected: {exc.reason}"), args=args, kwargs=kwargs, attempt=attempt,
+                failures=failures, run_seconds=time.monotonic() - started,
+            )
             raise
         except Exception as exc:
             self._attempt_failed(
@@ -156,9 +182,14 @@ class PlatformTask(Task):
             throttle = getattr(request, "_backlot_progress", None)
             if throttle is not None:
                 throttle.close()
-        if self.track:
-            services.job_succeeded(job_id=request.id, run_seconds=time.monotonic() - started)
+        self._finished(attempt, started)
         return result
+
+    def _finished(self, attempt: int, started: float) -> None:
+        if self.track:
+            services.job_succeeded(
+                job_id=self.request.id, attempt=attempt, run_seconds=time.monotonic() - started
+            )
 
     def _attempt_failed(
         self, exc: BaseException, *, args: tuple, kwargs: dict, attempt: int,
@@ -173,7 +204,8 @@ class PlatformTask(Task):
             delay = self.policy.delay_for(attempt)
             if isinstance(reason, Retryable) and reason.retry_after is not None:
                 delay = max(0.0, float(reason.retry_after))
-            self._schedule_retry(job_id, args, kwargs, attempt, failures, reason, delay, run_seconds)
+            if not self._schedule_retry(job_id, args, kwargs, attempt, failures, reason, delay, run_seconds):
+                raise Ignore()  # this run lost its claim; the job's current run decides
             logger.info("Job %s (%s) attempt %s failed (%s); retry in %.1fs",
                         job_id, self.name, attempt, type(reason).__name__, delay)
             raise Retry(exc=reason, when=delay)
@@ -181,23 +213,39 @@ class PlatformTask(Task):
             task=self, job_id=job_id, args=args, kwargs=kwargs, attempt=attempt, exc=reason,
             traceback=traceback, failures=failures, run_seconds=run_seconds,
             priority=self._priority_of_request(), queue=self._queue_of_request(),
+            claimed_attempt=attempt if self.track else None,
         )
+        self.gave_up(reason, args, kwargs)
+
+    def gave_up(self, exc: BaseException, args: tuple, kwargs: dict) -> None:
+        """Run the job's on_dead hook; its failure is logged, never raised over the original."""
+        if self.on_dead is None:
+            return
+        try:
+            self.on_dead(exc, tuple(args), dict(kwargs))
+        except Exception:
+            logger.exception("on_dead hook of %s failed", self.name)
 
     def _schedule_retry(self, job_id: str, args: tuple, kwargs: dict, attempt: int,
                         failures: list[dict[str, Any]], exc: BaseException, delay: float,
-                        run_seconds: float | None) -> None:
-        due = timezone.now() + timedelta(seconds=delay)
+                        run_seconds: float | None) -> bool:
+        """Record the failed attempt and publish the next; False if this run lost its claim."""
+        due: datetime | None = timezone.now() + timedelta(seconds=delay)
         if self.track:
             due = services.job_retry_later(
                 job_id=job_id, attempt=attempt, failures=failures, exc=exc, delay=delay,
                 run_seconds=run_seconds or 0.0,
             )
+            if due is None:
+                return False
             if delay > settings.BACKLOT["MAX_BROKER_COUNTDOWN"]:
-                return  # a long wait stays in the ledger; the relay publishes it when due
-        self._resend(args, kwargs, due, {"retries": attempt})
+                return True  # a long wait stays in the ledger; the relay publishes it when due
+        if not self._resend(args, kwargs, due, {"retries": attempt}) and not self.track:
+            raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")
+        return True
 
     def _resend(self, args: tuple, kwargs: dict, due: Any, options: dict[str, Any],
-                mark_published: bool = True) -> None:
+                mark_published: bool = True) -> bool:
         """Publish this job's message again (same id) for `due`; the relay covers a failure.
 
         Canvas links (chain, chord, group, callbacks) ride along, so a retried chord member
@@ -213,7 +261,7 @@ class PlatformTask(Task):
             queue=self._queue_of_request(), priority=self._priority_of_request(),
             scheduled_for=due,
         )
-        services.job_publish(
+        return services.job_publish(
             job=job, task=self, options={**carried, **options}, mark_published=mark_published
         )
 
@@ -239,9 +287,13 @@ class PlatformTask(Task):
         if decision.allowed:
             return True
         headers = {"backlot_rate_slot": time.time() + decision.wait} if decision.reserved else {}
-        due = timezone.now() + timedelta(seconds=decision.wait)
-        self._resend(args, kwargs, due, {"retries": request.retries or 0, "headers": headers},
-                     mark_published=False)
+        # An unreserved wait can be long ("1/h"): never park a message in Redis past the
+        # visibility timeout; it comes back, asks again and waits some more.
+        wait = min(decision.wait, settings.BACKLOT["MAX_BROKER_COUNTDOWN"])
+        due = timezone.now() + timedelta(seconds=wait)
+        if not self._resend(args, kwargs, due, {"retries": request.retries or 0, "headers": headers},
+                            mark_published=False):
+            raise Reject("rate-limited job could not be re-sent", requeue=True)
         logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
         return False
 

@@ -25,6 +25,7 @@ def job(
     priority: int = 5,
     track: bool = True,
     bind: bool = False,
+    on_dead: Callable[[BaseException, tuple, dict], None] | None = None,
     **celery_options: Any,
 ) -> Any:
     """Declare a job.
@@ -36,6 +37,8 @@ def job(
     callable of (args, kwargs)) each key gets its own bucket, and rate_limit may map keys to
     rates ({"free": "5/s", "pro": "50/s", "*": "10/s"}). priority is 0 (lowest) to 9 (highest).
     track=False skips the ledger for high-volume trivial work (no status, no idempotency keys).
+    on_dead(exc, args, kwargs) runs once the job gave up (after its dead letter is written),
+    e.g. to mark the domain row failed.
     """
     if not 0 <= priority <= 9:
         raise ValueError(f"priority must be 0-9, got {priority!r}")
@@ -62,6 +65,7 @@ def job(
             rate_key=rate_key,
             default_priority=priority,
             track=track,
+            on_dead=staticmethod(on_dead) if on_dead else None,
             **celery_options,
         )(func)
 

@@ -19,3 +19,7 @@ class UnknownTask(BacklotError, LookupError):
 
 class ReplayError(BacklotError):
     """A dead letter that cannot be replayed in its current state."""
+
+
+class BrokerUnavailable(BacklotError):
+    """The broker did not take a message that has no ledger row to wait in (track=False)."""

@@ -92,7 +92,7 @@ def _check(fn: Any) -> tuple[bool, Any]:
         return True, fn()
     except Exception as exc:  # a health check reports failures, it does not raise them
         logger.warning("Health check %s failed: %s", getattr(fn, "__name__", fn), exc)
-        return False, f"{type(exc).__name__}: {exc}"
+        return False, f"unavailable ({type(exc).__name__})"
 
 
 def _database() -> str:

@@ -95,7 +95,8 @@ class RetryPolicy:
             return False
         if isinstance(exc, Permanent) or isinstance(exc, self.give_up_on):
             return False
-        return isinstance(exc, self.retry_on)
+        # Retryable (and Celery's self.retry()) always means "try again" while attempts remain.
+        return isinstance(exc, (Retryable, *self.retry_on))
 
     def delay_for(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed run number `attempt` (1-based)."""

@@ -1,7 +1,8 @@
 """The worker-side request class: handles what happens outside the pool process.
 
-A hard time limit kills the pool process, and so does a crash; neither reaches the task's own
-code, so the worker's main process records them here, before the message is acked or requeued.
+A hard time limit kills the pool process, and so does a crash or a cancel at shutdown; none of
+them reaches the task's own code, so the worker's main process records them here, before the
+message is acked or requeued.
 """
 
 from __future__ import annotations
@@ -9,37 +10,52 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from billiard.exceptions import WorkerLostError
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.worker.request import Request
 from django.conf import settings
+from django.db import close_old_connections
 
 from . import services
-from .models import Job
+from .models import Job, JobState
 from .policies import TimeLimitHit
 
 logger = logging.getLogger(__name__)
 
 
 class PlatformRequest(Request):
-    def on_timeout(self, soft: bool, timeout: float) -> None:
-        if not soft:
-            self._hard_time_limit(timeout)
-        super().on_timeout(soft, timeout)
-
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)
-        if isinstance(exc, WorkerLostError) and getattr(self.task, "track", False):
-            self._worker_lost(exc)
+        if getattr(self.task, "track", False) or isinstance(exc, TimeLimitExceeded):
+            close_old_connections()  # the main process holds its connection for days
+            if isinstance(exc, TimeLimitExceeded):
+                self._hard_time_limit(exc)
+            elif isinstance(exc, WorkerLostError) or (
+                isinstance(exc, (SystemExit, KeyboardInterrupt))
+                and not (self._already_cancelled or self._already_revoked)
+            ):
+                self._worker_lost(exc)
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
-    def _hard_time_limit(self, timeout: float) -> None:
+    def _announce_cancelled(self, emit_retry: bool = True) -> None:
+        """Cancelled at shutdown or on a lost broker connection: the message goes back to the
+        queue, so free the claim for its redelivery (not a crash: nothing is counted)."""
+        if getattr(self.task, "track", False):
+            close_old_connections()
+            try:
+                services.job_release(job_id=self.id)
+            except Exception:
+                logger.exception("Could not release the claim of cancelled job %s", self.id)
+        super()._announce_cancelled(emit_retry=emit_retry)
+
+    def _hard_time_limit(self, killed: BaseException) -> None:
         task = self.task
+        timeout = getattr(killed, "args", [None])[0] if getattr(killed, "args", None) else "?"
         exc = TimeLimitHit(f"hard time limit of {timeout}s exceeded; the process was killed")
         try:
             if task.track:
                 job = Job.objects.filter(id=self.id).only("attempts", "failures", "state").first()
-                if job is None or job.state != "running":
+                if job is None or job.state != JobState.RUNNING:
                     return
                 attempt, failures = job.attempts, list(job.failures)
             else:
@@ -48,7 +64,7 @@ class PlatformRequest(Request):
                 try:
                     task._attempt_failed(exc, args=tuple(self.args), kwargs=dict(self.kwargs),
                                          attempt=attempt, failures=failures, traceback=str(exc))
-                except Exception:  # Retry raised: the next attempt is scheduled
+                except Exception:  # celery's Retry: the next attempt is scheduled
                     pass
         except Exception:
             logger.exception("Could not record the time limit of job %s", self.id)
@@ -56,15 +72,16 @@ class PlatformRequest(Request):
     def _worker_lost(self, exc: BaseException) -> None:
         """Free the claim so the requeued message runs again, until the job is a poison pill."""
         try:
-            crashes = services.job_release_after_crash(job_id=self.id)
+            crashes = services.job_release(job_id=self.id, crashed=True)
             if crashes >= settings.BACKLOT["MAX_WORKER_CRASHES"]:
                 job = Job.objects.filter(id=self.id).only("attempts", "failures").first()
+                reason = WorkerLostError(f"worker process died {crashes} times running this job: {exc}")
                 services.dead_letter_create(
                     task=self.task, job_id=self.id, args=self.args, kwargs=self.kwargs,
                     attempt=job.attempts if job else crashes, failures=list(job.failures) if job else [],
-                    exc=WorkerLostError(f"worker process died {crashes} times running this job: {exc}"),
-                    traceback=str(exc),
+                    exc=reason, traceback=str(exc),
                 )
+                self.task.gave_up(reason, tuple(self.args), dict(self.kwargs))
         except Exception:
             logger.exception("Could not record the worker loss of job %s", self.id)
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from .exceptions import ReplayError, UnknownTask
+from .exceptions import BrokerUnavailable, ReplayError, UnknownTask
 from .models import (
     CLAIMABLE_STATES,
     DeadLetter,
@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 MAX_FAILURES_KEPT = 20
 # The relay leaves a fresh unpublished row alone this long: its on-commit publish is in flight.
 RELAY_GRACE = timedelta(seconds=10)
+# A scheduled job's message may arrive this much before its time (clock skew between hosts).
+EARLY_TOLERANCE = timedelta(seconds=2)
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ def job_enqueue(
     on_commit: bool = True,
     owner: Any = None,
     task_id: str | None = None,
+    queue: str | None = None,
     publish_options: Mapping[str, Any] | None = None,
 ) -> JobHandle:
     """Accept a job: check its payload, write its ledger row, publish after commit.
@@ -105,6 +108,14 @@ def job_enqueue(
     within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
     """
     args, kwargs = list(args), dict(kwargs or {})
+    if not on_commit and transaction.get_connection().in_atomic_block:
+        raise ValueError(
+            "on_commit=False inside a transaction would publish a job whose ledger row the "
+            "worker cannot see yet; enqueue after the transaction, or keep on_commit=True"
+        )
+    queue = queue or task.queue_name
+    if queue not in settings.BACKLOT_QUEUES:
+        raise ValueError(f"Unknown queue {queue!r}; configured: {', '.join(settings.BACKLOT_QUEUES)}")
     payload_check(
         task_name=task.name,
         args=args,
@@ -119,7 +130,7 @@ def job_enqueue(
         task_name=task.name,
         args=args,
         kwargs=kwargs,
-        queue=task.queue_name,
+        queue=queue,
         priority=priority,
         owner=owner if getattr(owner, "pk", None) else None,
         idempotency_key=idempotency_key or "",
@@ -131,7 +142,7 @@ def job_enqueue(
     if not task.track:
         if idempotency_key:
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
-        _on_commit_or_now(on_commit, lambda: job_publish(job=job, task=task, options=publish_options))
+        _on_commit_or_now(on_commit, lambda: _publish_untracked(job=job, task=task, options=publish_options))
         return JobHandle(id=str(job.id), task_name=task.name)
 
     with transaction.atomic():
@@ -144,6 +155,73 @@ def job_enqueue(
     if _publishes_now(job, now):
         _on_commit_or_now(on_commit, lambda: job_publish(job=job, task=task, options=publish_options))
     return JobHandle(id=str(job.id), task_name=task.name)
+
+
+def job_enqueue_many(
+    *,
+    task: PlatformTask,
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    priority: int | None = None,
+    owner: Any = None,
+    on_commit: bool = True,
+) -> list[str]:
+    """Accept many jobs of one task at once: one INSERT for the ledger rows, one broker
+    connection for the messages, one UPDATE marking them published. Returns the job ids.
+
+    For fan-outs (a campaign's recipients); no idempotency keys here: the caller records
+    which items it enqueued in the same transaction.
+    """
+    priority = _check_priority(task.default_priority if priority is None else priority)
+    max_bytes = settings.BACKLOT["MAX_PAYLOAD_BYTES"]
+    now = timezone.now()
+    jobs = []
+    for args, kwargs in calls:
+        args, kwargs = list(args), dict(kwargs)
+        payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
+        jobs.append(
+            Job(
+                task_name=task.name, args=args, kwargs=kwargs, queue=task.queue_name,
+                priority=priority, owner=owner if getattr(owner, "pk", None) else None,
+                max_attempts=task.policy.max_attempts, enqueued_at=now,
+            )
+        )
+    if task.track:
+        Job.objects.bulk_create(jobs, batch_size=BULK_BATCH)
+    _on_commit_or_now(on_commit, lambda: _publish_many(task=task, jobs=jobs))
+    return [str(job.id) for job in jobs]
+
+
+# Rows per INSERT/UPDATE in bulk paths: 1,000 keeps one statement's parameters well under
+# PostgreSQL's 65,535 limit (Job has 28 columns) and SQLite's 32,766.
+BULK_BATCH = 1000
+
+
+def _publish_many(*, task: PlatformTask, jobs: list[Job]) -> None:
+    from celery import current_app
+
+    published = []
+    try:
+        with current_app.producer_or_acquire() as producer:
+            for job in jobs:
+                task.apply_async(
+                    job.args, job.kwargs, task_id=str(job.id), queue=job.queue,
+                    priority=broker_priority(job.priority), producer=producer,
+                    _backlot_internal=True,
+                )
+                published.append(job.id)
+    except (KombuError, RedisError, OSError) as exc:
+        logger.warning("Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
+                       len(published), len(jobs), exc)
+    if task.track:
+        now = timezone.now()
+        for start in range(0, len(published), BULK_BATCH):
+            Job.objects.filter(id__in=published[start : start + BULK_BATCH]).update(published_at=now)
+
+
+def _publish_untracked(*, job: Job, task: PlatformTask, options: Mapping[str, Any] | None) -> None:
+    """An untracked job has no ledger row to wait in: a broker outage is the caller's error."""
+    if not job_publish(job=job, task=task, options=options):
+        raise BrokerUnavailable(f"Broker unavailable: untracked job {task.name} was not sent")
 
 
 def _on_commit_or_now(on_commit: bool, send: Any) -> None:
@@ -171,7 +249,9 @@ def _take_idempotency_key(*, job: Job, key: str, now: datetime) -> Job | None:
             return None
     except IntegrityError:
         pass
-    record = IdempotencyRecord.objects.select_for_update().select_related("job").get(key=scoped)
+    # Lock the record alone: a join would let PostgreSQL drop the row when another enqueue
+    # re-points it to a new job while we wait for the lock.
+    record = IdempotencyRecord.objects.select_for_update(of=("self",)).get(key=scoped)
     ttl = timedelta(seconds=settings.BACKLOT["IDEMPOTENCY_TTL"])
     if record.holds(ttl, now):
         return record.job
@@ -227,6 +307,12 @@ def job_relay(*, limit: int = 500) -> int:
     Job.objects.filter(state=JobState.RUNNING, lease_expires_at__lt=now).update(
         state=JobState.QUEUED, lease_expires_at=None, published_at=None
     )
+    # Reconcile: a queued job published longer ago than Redis would take to redeliver it was
+    # lost by the broker (restart without AOF, FLUSHDB, a pop without ack): send it again.
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
+    Job.objects.filter(
+        state=JobState.QUEUED, published_at__lt=now - timedelta(seconds=visibility + 60)
+    ).update(published_at=None)
     pending = list(
         Job.objects.unpublished().filter(enqueued_at__lt=now - RELAY_GRACE).order_by("enqueued_at")[:limit]
     ) + list(Job.objects.due(now).order_by("scheduled_for")[:limit])
@@ -263,7 +349,8 @@ def job_claim(*, job_id: str, lease_seconds: float) -> Claim | None:
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
-            .only("state", "attempts", "max_attempts", "failures", "lease_expires_at", "started_at")
+            .only("state", "attempts", "max_attempts", "failures", "lease_expires_at", "started_at",
+                  "scheduled_for")
             .filter(id=job_id)
             .first()
         )
@@ -277,6 +364,16 @@ def job_claim(*, job_id: str, lease_seconds: float) -> Claim | None:
             logger.info("Job %s is %s; duplicate delivery dropped", job_id, job.state)
             Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
             return None
+        if (
+            job.state in (JobState.SCHEDULED, JobState.RETRYING)
+            and job.scheduled_for is not None
+            and job.scheduled_for > now + EARLY_TOLERANCE
+        ):
+            # A stray copy arrived before the job's time (a requeue, a relay duplicate): drop it
+            # and let the relay publish the job when it is due.
+            logger.info("Job %s is not due until %s; early delivery dropped", job_id, job.scheduled_for)
+            Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1, published_at=None)
+            return None
         job.state = JobState.RUNNING
         job.attempts += 1
         job.started_at = job.started_at or now
@@ -289,14 +386,15 @@ def job_claim(*, job_id: str, lease_seconds: float) -> Claim | None:
     return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures))
 
 
-def job_succeeded(*, job_id: str, run_seconds: float) -> None:
-    Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
+def job_succeeded(*, job_id: str, attempt: int, run_seconds: float) -> bool:
+    """Finish the run that holds the claim (`attempt`); a run that lost its claim changes nothing."""
+    return bool(Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
         state=JobState.SUCCEEDED,
         finished_at=timezone.now(),
         lease_expires_at=None,
         run_seconds=run_seconds,
         error="",
-    )
+    ))
 
 
 def job_progress(*, job_id: str, done: int, total: int | None, message: str) -> None:
@@ -321,8 +419,9 @@ def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str
 def job_retry_later(
     *, job_id: str, attempt: int, failures: list[dict[str, Any]], exc: BaseException, delay: float,
     run_seconds: float,
-) -> datetime:
-    """Record a failed attempt and schedule the next; returns when it is due.
+) -> datetime | None:
+    """Record a failed attempt and schedule the next; returns when it is due, or None when this
+    run no longer holds the claim (nothing is written then).
 
     The row is left unpublished: the caller publishes it (and marks it) when the broker should
     hold it, otherwise the relay does once it is due.
@@ -330,7 +429,7 @@ def job_retry_later(
     now = timezone.now()
     due = now + timedelta(seconds=delay)
     name, message = describe_exception(exc)
-    Job.objects.filter(id=job_id).update(
+    updated = Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
         state=JobState.RETRYING,
         scheduled_for=due,
         published_at=None,
@@ -340,7 +439,7 @@ def job_retry_later(
         error=f"{name}: {message}",
         failures=(failures + [_failure_entry(attempt, exc, now)])[-MAX_FAILURES_KEPT:],
     )
-    return due
+    return due if updated else None
 
 
 def dead_letter_create(
@@ -356,13 +455,22 @@ def dead_letter_create(
     run_seconds: float | None = None,
     priority: int | None = None,
     queue: str | None = None,
-) -> DeadLetter:
-    """The job gives up: mark its ledger row dead and keep a dead letter, in one transaction."""
+    claimed_attempt: int | None = None,
+) -> DeadLetter | None:
+    """The job gives up: mark its ledger row dead and keep a dead letter, in one transaction.
+
+    With `claimed_attempt`, only the run holding that claim may do it (None otherwise).
+    """
     now = timezone.now()
     name, message = describe_exception(exc)
     tb = traceback or "".join(traceback_module.format_exception(exc))
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).first() if task.track else None
+        if job is not None and claimed_attempt is not None and (
+            job.state != JobState.RUNNING or job.attempts != claimed_attempt
+        ):
+            logger.warning("Job %s: run %s lost its claim; not writing a dead letter", job_id, claimed_attempt)
+            return None
         history = (failures or []) + [_failure_entry(attempt, exc, now)]
         if job is not None:
             job.state = JobState.DEAD
@@ -403,11 +511,12 @@ def dead_letter_create(
     return dead_letter
 
 
-def job_release_after_crash(*, job_id: str) -> int:
-    """A worker process died running the job: free the claim and count the crash."""
-    Job.objects.filter(id=job_id, state=JobState.RUNNING).update(
-        state=JobState.QUEUED, lease_expires_at=None, crashes=F("crashes") + 1
-    )
+def job_release(*, job_id: str, crashed: bool = False) -> int:
+    """Free a running job's claim so its requeued message runs again; returns its crash count."""
+    fields: dict[str, Any] = {"state": JobState.QUEUED, "lease_expires_at": None}
+    if crashed:
+        fields["crashes"] = F("crashes") + 1
+    Job.objects.filter(id=job_id, state=JobState.RUNNING).update(**fields)
     return Job.objects.filter(id=job_id).values_list("crashes", flat=True).first() or 0
 
 

@@ -25,18 +25,26 @@ _registry.register(BacklotCollector())
 @never_cache
 @require_GET
 def health(request: HttpRequest) -> JsonResponse:
+    """Status for load balancers and uptime checks; per-check details for staff or the
+    metrics token only (they name hosts, workers and queue sizes)."""
     status, details = health_report()
-    return JsonResponse({"status": status, **details}, status=503 if status == "down" else 200)
+    body: dict = {"status": status}
+    if request.user.is_staff or _has_metrics_token(request):
+        body.update(details)
+    return JsonResponse(body, status=503 if status == "down" else 200)
+
+
+def _has_metrics_token(request: HttpRequest) -> bool:
+    token = settings.BACKLOT["METRICS_TOKEN"]
+    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
 
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    token = settings.BACKLOT["METRICS_TOKEN"]
-    if token:
-        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
+    if settings.BACKLOT["METRICS_TOKEN"] and not _has_metrics_token(request):
+        return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
 
 
