@@ -1,5 +1,190 @@
-"""JSON API of emails (django-ninja router mounted in config/api.py)."""
+"""JSON API of emails: single messages, campaigns and recipient imports."""
 
-from ninja import Router
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from ninja import File, Router, Schema
+from ninja.errors import HttpError
+from ninja.files import UploadedFile
+from pydantic import EmailStr, Field
+
+from jobs.exceptions import InvalidPayload
+
+from . import services
+from .models import Campaign, EmailMessage, RecipientImport
 
 router = Router(tags=["emails"])
+
+# Template variables stay small: they ride in the ledger and in every message.
+MAX_CONTEXT_KEYS = 50
+
+
+class EmailIn(Schema):
+    to: EmailStr
+    template: str = Field(min_length=1, max_length=100)
+    context: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=MAX_CONTEXT_KEYS)
+    subject: str | None = Field(default=None, max_length=255)
+
+
+class Accepted(Schema):
+    job_id: str
+    status_url: str
+
+
+class EmailAccepted(Accepted):
+    email_id: int
+
+
+class EmailOut(Schema):
+    email_id: int
+    status: str
+    attempts: int
+    subject: str
+    job_id: str | None
+    sent_at: Any = None
+    error: str
+
+
+def _owned(request: HttpRequest, queryset: Any) -> Any:
+    user = request.auth
+    return queryset if user.is_staff else queryset.filter(owner=user)
+
+
+def _bad_request(exc: Exception) -> HttpError:
+    return HttpError(400, str(exc))
+
+
+@router.post("/emails/", response={202: EmailAccepted}, url_name="email_create")
+def email_create(request: HttpRequest, payload: EmailIn) -> tuple[int, dict[str, Any]]:
+    """Queue one templated email (HTML + text); 400 names the bad field, nothing is queued."""
+    try:
+        message, handle = services.email_queue(
+            to=payload.to, template=payload.template, context=payload.context,
+            subject=payload.subject, owner=request.auth,
+        )
+    except (services.EmailError, InvalidPayload) as exc:
+        raise _bad_request(exc) from None
+    return 202, {"job_id": handle.id, "email_id": message.pk, "status_url": handle.status_url}
+
+
+@router.get("/emails/{email_id}/", response=EmailOut, url_name="email_detail")
+def email_detail(request: HttpRequest, email_id: int) -> dict[str, Any]:
+    message = get_object_or_404(_owned(request, EmailMessage.objects.all()), pk=email_id)
+    return {
+        "email_id": message.pk, "status": message.status, "attempts": message.attempts,
+        "subject": message.subject, "job_id": str(message.job_id) if message.job_id else None,
+        "sent_at": message.sent_at, "error": message.error,
+    }
+
+
+class RecipientIn(Schema):
+    email: EmailStr
+    name: str = Field(default="", max_length=200)
+
+
+class CampaignIn(Schema):
+    name: str = Field(min_length=1, max_length=200)
+    template: str = Field(default="campaign", max_length=100)
+    subject: str = Field(default="", max_length=255)
+    context: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=MAX_CONTEXT_KEYS)
+    recipients: list[RecipientIn] = Field(default_factory=list, max_length=10_000)
+    start: bool = False
+
+
+class CampaignOut(Schema):
+    campaign_id: int
+    name: str
+    status: str
+    summary: dict[str, int]
+    job_id: str | None
+    status_url: str | None
+
+
+def _campaign_out(campaign: Campaign) -> dict[str, Any]:
+    summary = campaign.summary()
+    if campaign.status == "sending" and summary["total"] and summary["pending"] == 0:
+        Campaign.objects.filter(pk=campaign.pk).update(status="done")
+        campaign.status = "done"
+    job_id = str(campaign.job_id) if campaign.job_id else None
+    return {
+        "campaign_id": campaign.pk, "name": campaign.name, "status": campaign.status,
+        "summary": summary, "job_id": job_id,
+        "status_url": f"/api/jobs/{job_id}/" if job_id else None,
+    }
+
+
+@router.post("/campaigns/", response={201: CampaignOut, 202: CampaignOut}, url_name="campaign_create")
+def campaign_create(request: HttpRequest, payload: CampaignIn) -> tuple[int, dict[str, Any]]:
+    """Create a campaign, optionally with recipients; `start: true` fans it out at once (202)."""
+    try:
+        campaign = services.campaign_create(
+            name=payload.name, template=payload.template, subject=payload.subject,
+            context=payload.context, owner=request.auth,
+            recipients=[r.dict() for r in payload.recipients],
+        )
+        if payload.start:
+            services.campaign_start(campaign=campaign, owner=request.auth)
+            campaign.refresh_from_db()
+    except (services.EmailError, InvalidPayload) as exc:
+        raise _bad_request(exc) from None
+    return (202 if payload.start else 201), _campaign_out(campaign)
+
+
+@router.get("/campaigns/{campaign_id}/", response=CampaignOut, url_name="campaign_detail")
+def campaign_detail(request: HttpRequest, campaign_id: int) -> dict[str, Any]:
+    """A campaign's progress: sent, failed and pending recipients."""
+    return _campaign_out(get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id))
+
+
+@router.post("/campaigns/{campaign_id}/start", response={202: CampaignOut}, url_name="campaign_start")
+def campaign_start(request: HttpRequest, campaign_id: int) -> tuple[int, dict[str, Any]]:
+    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    try:
+        services.campaign_start(campaign=campaign, owner=request.auth)
+    except services.EmailError as exc:
+        raise HttpError(409, str(exc)) from None
+    campaign.refresh_from_db()
+    return 202, _campaign_out(campaign)
+
+
+class ImportAccepted(Accepted):
+    import_id: int
+
+
+class ImportOut(Schema):
+    import_id: int
+    status: str
+    rows_read: int
+    imported: int
+    duplicates: int
+    skipped: int
+    errors: list[dict[str, Any]]
+    job_id: str | None
+
+
+@router.post("/campaigns/{campaign_id}/recipients/import", response={202: ImportAccepted},
+             url_name="recipients_import")
+def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)) -> tuple[int, dict[str, Any]]:
+    """Upload a CSV (header: email, name, ...); it is imported in the background."""
+    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    if file.size and file.size > settings.BACKLOT_MAX_UPLOAD_BYTES:
+        raise HttpError(413, f"The file is {file.size} bytes; the limit is {settings.BACKLOT_MAX_UPLOAD_BYTES}.")
+    row, handle = services.recipients_import_create(campaign=campaign, upload=file, owner=request.auth)
+    return 202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url}
+
+
+@router.get("/campaigns/{campaign_id}/imports/{import_id}/", response=ImportOut, url_name="import_detail")
+def import_detail(request: HttpRequest, campaign_id: int, import_id: int) -> dict[str, Any]:
+    row = get_object_or_404(
+        RecipientImport.objects.filter(campaign__in=_owned(request, Campaign.objects.all())),
+        pk=import_id, campaign_id=campaign_id,
+    )
+    return {
+        "import_id": row.pk, "status": row.status, "rows_read": row.rows_read,
+        "imported": row.imported, "duplicates": row.duplicates, "skipped": row.skipped,
+        "errors": row.errors, "job_id": str(row.job_id) if row.job_id else None,
+    }
