@@ -151,20 +151,22 @@ def email_deliver(*, email_id: int) -> str:
     """
     with transaction.atomic():
         message = EmailMessage.objects.select_for_update().get(pk=email_id)
-        if message.status == EmailStatus.SENT:
-            logger.info("Email %s already sent; not sending again", email_id)
-            return message.provider_message_id
-        if message.status in (EmailStatus.SENDING, EmailStatus.UNCONFIRMED):
+        if message.status == EmailStatus.QUEUED:
+            message.attempts += 1
+            message.save(update_fields=["attempts"])
+        elif message.status in (EmailStatus.SENDING, EmailStatus.UNCONFIRMED):
             message.mark(EmailStatus.UNCONFIRMED, error="A worker died while sending it.")
-            raise Permanent(
-                f"Email {email_id}: delivery unconfirmed (a worker died during the SMTP "
-                f"transaction); check the mail server for Message-ID <{message.uid}@backlot> "
-                "before sending it again"
-            )
-        if message.status == EmailStatus.FAILED:
-            raise Permanent(f"Email {email_id} failed for good: {message.error}")
-        message.attempts += 1
-        message.save(update_fields=["attempts"])
+    if message.status == EmailStatus.SENT:
+        logger.info("Email %s already sent; not sending again", email_id)
+        return message.provider_message_id
+    if message.status == EmailStatus.UNCONFIRMED:
+        raise Permanent(
+            f"Email {email_id}: delivery unconfirmed (a worker died during the SMTP "
+            f"transaction); check the mail server for Message-ID <{message.uid}@backlot> "
+            "before sending it again"
+        )
+    if message.status == EmailStatus.FAILED:
+        raise Permanent(f"Email {email_id} failed for good: {message.error}")
 
     connection = get_connection(fail_silently=False)
     data_started = False

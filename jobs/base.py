@@ -153,6 +153,15 @@ class PlatformTask(Task):
             # The ledger or Redis is unreachable: hand the message back rather than ack it.
             logger.warning("Job %s could not be claimed (%s); message requeued", request.id, exc)
             raise Reject(str(exc), requeue=True) from exc
+        except (Ignore, Reject):
+            raise
+        except Exception as exc:  # e.g. a broken rate_key: the job cannot start, record why
+            services.dead_letter_create(
+                task=self, job_id=request.id, args=args, kwargs=kwargs, attempt=0, exc=exc,
+                priority=self._priority_of_request(), queue=self._queue_of_request(),
+            )
+            self.gave_up(exc, args, kwargs)
+            raise
         attempt = claim.attempt if claim else (request.retries or 0) + 1
         failures = claim.failures if claim else []
         started = time.monotonic()

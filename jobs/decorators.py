@@ -62,7 +62,7 @@ def job(
             time_limit=time_limit,
             soft_time_limit=soft_time_limit,
             cluster_rate_limit=rate_limit,
-            rate_key=rate_key,
+            rate_key=staticmethod(rate_key) if callable(rate_key) else rate_key,
             default_priority=priority,
             track=track,
             on_dead=staticmethod(on_dead) if on_dead else None,

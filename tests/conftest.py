@@ -93,7 +93,26 @@ class Worker:
 
 
 @pytest.fixture(scope="session")
-def worker_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
+def smtp_server() -> Iterator[Any]:
+    """A real SMTP server (aiosmtpd) in this process; every worker sends to it."""
+    from tests.support.smtp import SMTPServer
+
+    server = SMTPServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mailbox(smtp_server: Any) -> Any:
+    """The SMTP server's mailbox, emptied, with no refusals or holds set."""
+    smtp_server.mailbox.reset()
+    yield smtp_server.mailbox
+    smtp_server.mailbox.reset()
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup: Any, django_db_blocker: Any, smtp_server: Any) -> dict[str, str]:
     db = settings.DATABASES["default"]
     if db["ENGINE"] != "django.db.backends.postgresql":
         raise pytest.UsageError(
@@ -102,7 +121,9 @@ def worker_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
         )
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     return {**os.environ, "DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL,
-            "BACKLOT_PROGRESS_INTERVAL": "0.1", "PYTHONUNBUFFERED": "1"}
+            "BACKLOT_PROGRESS_INTERVAL": "0.1", "PYTHONUNBUFFERED": "1",
+            "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(smtp_server.port),
+            "MEDIA_ROOT": str(settings.MEDIA_ROOT)}
 
 
 @pytest.fixture(scope="session")
