@@ -7,7 +7,7 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from ninja import File, Router, Schema
+from ninja import File, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 from pydantic import EmailStr, Field
@@ -59,7 +59,7 @@ def _bad_request(exc: Exception) -> HttpError:
 
 
 @router.post("/emails/", response={202: EmailAccepted}, url_name="email_create")
-def email_create(request: HttpRequest, payload: EmailIn) -> tuple[int, dict[str, Any]]:
+def email_create(request: HttpRequest, payload: EmailIn) -> Status:
     """Queue one templated email (HTML + text); 400 names the bad field, nothing is queued."""
     try:
         message, handle = services.email_queue(
@@ -68,7 +68,7 @@ def email_create(request: HttpRequest, payload: EmailIn) -> tuple[int, dict[str,
         )
     except (services.EmailError, InvalidPayload) as exc:
         raise _bad_request(exc) from None
-    return 202, {"job_id": handle.id, "email_id": message.pk, "status_url": handle.status_url}
+    return Status(202, {"job_id": handle.id, "email_id": message.pk, "status_url": handle.status_url})
 
 
 @router.get("/emails/{email_id}/", response=EmailOut, url_name="email_detail")
@@ -118,7 +118,7 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
 
 
 @router.post("/campaigns/", response={201: CampaignOut, 202: CampaignOut}, url_name="campaign_create")
-def campaign_create(request: HttpRequest, payload: CampaignIn) -> tuple[int, dict[str, Any]]:
+def campaign_create(request: HttpRequest, payload: CampaignIn) -> Status:
     """Create a campaign, optionally with recipients; `start: true` fans it out at once (202)."""
     try:
         campaign = services.campaign_create(
@@ -131,7 +131,7 @@ def campaign_create(request: HttpRequest, payload: CampaignIn) -> tuple[int, dic
             campaign.refresh_from_db()
     except (services.EmailError, InvalidPayload) as exc:
         raise _bad_request(exc) from None
-    return (202 if payload.start else 201), _campaign_out(campaign)
+    return Status((202 if payload.start else 201), _campaign_out(campaign))
 
 
 @router.get("/campaigns/{campaign_id}/", response=CampaignOut, url_name="campaign_detail")
@@ -141,14 +141,14 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> dict[str, Any]:
 
 
 @router.post("/campaigns/{campaign_id}/start", response={202: CampaignOut}, url_name="campaign_start")
-def campaign_start(request: HttpRequest, campaign_id: int) -> tuple[int, dict[str, Any]]:
+def campaign_start(request: HttpRequest, campaign_id: int) -> Status:
     campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
     try:
         services.campaign_start(campaign=campaign, owner=request.auth)
     except services.EmailError as exc:
         raise HttpError(409, str(exc)) from None
     campaign.refresh_from_db()
-    return 202, _campaign_out(campaign)
+    return Status(202, _campaign_out(campaign))
 
 
 class ImportAccepted(Accepted):
@@ -168,13 +168,13 @@ class ImportOut(Schema):
 
 @router.post("/campaigns/{campaign_id}/recipients/import", response={202: ImportAccepted},
              url_name="recipients_import")
-def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)) -> tuple[int, dict[str, Any]]:
+def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)) -> Status:
     """Upload a CSV (header: email, name, ...); it is imported in the background."""
     campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
     if file.size and file.size > settings.BACKLOT_MAX_UPLOAD_BYTES:
         raise HttpError(413, f"The file is {file.size} bytes; the limit is {settings.BACKLOT_MAX_UPLOAD_BYTES}.")
     row, handle = services.recipients_import_create(campaign=campaign, upload=file, owner=request.auth)
-    return 202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url}
+    return Status(202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url})
 
 
 @router.get("/campaigns/{campaign_id}/imports/{import_id}/", response=ImportOut, url_name="import_detail")
