@@ -1,0 +1,107 @@
+"""Pages: send a test email, create a campaign, import recipients, start and follow it."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from jobs.exceptions import InvalidPayload
+
+from . import services
+from .models import Campaign, EmailMessage
+
+
+def _templates() -> list[tuple[str, str]]:
+    return [(name, name) for name in services.email_templates()]
+
+
+class TestEmailForm(forms.Form):
+    to = forms.EmailField(label="To")
+    template = forms.ChoiceField(label="Template", choices=_templates)
+    name = forms.CharField(label="Name in the greeting", required=False, max_length=100)
+
+
+class CampaignForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    headline = forms.CharField(label="Subject", max_length=200)
+    body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4}), max_length=5000)
+
+
+class ImportForm(forms.Form):
+    file = forms.FileField(label="CSV file (columns: email, name, …)")
+
+
+def _owned(request: HttpRequest, queryset):  # type: ignore[no-untyped-def]
+    return queryset if request.user.is_staff else queryset.filter(owner=request.user)
+
+
+@login_required
+def index(request: HttpRequest) -> HttpResponse:
+    form = TestEmailForm(request.POST or None, initial={"template": "test"})
+    if request.method == "POST" and form.is_valid():
+        try:
+            _, handle = services.email_queue(
+                to=form.cleaned_data["to"], template=form.cleaned_data["template"],
+                context={"name": form.cleaned_data["name"]}, owner=request.user,
+            )
+        except (services.EmailError, InvalidPayload) as exc:
+            form.add_error(None, str(exc))
+        else:
+            messages.success(request, "Email queued.")
+            return redirect("job_page", job_id=handle.id)
+    return render(request, "emails/pages/index.html", {
+        "form": form,
+        "campaign_form": CampaignForm(),
+        "campaigns": _owned(request, Campaign.objects.all())[:20],
+        "recent": _owned(request, EmailMessage.objects.filter(recipient__isnull=True))[:10],
+    })
+
+
+@login_required
+@require_POST
+def campaign_create(request: HttpRequest) -> HttpResponse:
+    form = CampaignForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Fix the campaign form: " + "; ".join(
+            f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()))
+        return redirect("emails:index")
+    campaign = services.campaign_create(
+        name=form.cleaned_data["name"], template="campaign", owner=request.user,
+        context={"headline": form.cleaned_data["headline"], "body": form.cleaned_data["body"]},
+    )
+    return redirect("emails:campaign", campaign_id=campaign.pk)
+
+
+@login_required
+def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
+    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    form = ImportForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        upload = form.cleaned_data["file"]
+        if upload.size > settings.BACKLOT_MAX_UPLOAD_BYTES:
+            form.add_error("file", f"The file is larger than {settings.BACKLOT_MAX_UPLOAD_BYTES} bytes.")
+        else:
+            services.recipients_import_create(campaign=campaign, upload=upload, owner=request.user)
+            messages.success(request, "Import started; the recipient count updates as it runs.")
+            return redirect("emails:campaign", campaign_id=campaign.pk)
+    return render(request, "emails/pages/campaign.html", {
+        "campaign": campaign, "form": form, "imports": campaign.imports.all()[:10],
+        "summary": campaign.summary(),
+    })
+
+
+@login_required
+@require_POST
+def campaign_start(request: HttpRequest, campaign_id: int) -> HttpResponse:
+    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    try:
+        services.campaign_start(campaign=campaign, owner=request.user)
+        messages.success(request, "Campaign started.")
+    except services.EmailError as exc:
+        messages.error(request, str(exc))
+    return redirect("emails:campaign", campaign_id=campaign.pk)

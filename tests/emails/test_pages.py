@@ -1,0 +1,43 @@
+"""The email pages a signed-in user works with."""
+
+from __future__ import annotations
+
+import pytest
+
+from emails.models import Campaign, EmailMessage
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_pages_need_a_signed_in_user(client):
+    response = client.get("/emails/")
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+def test_send_test_email_from_the_page_leads_to_its_job_page(client, admin_user, clean_redis):
+    client.force_login(admin_user)
+    assert b"Send a test email" in client.get("/emails/").content
+
+    response = client.post("/emails/", {"to": "someone@example.com", "template": "test", "name": "S"})
+
+    message = EmailMessage.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/jobs/{message.job_id}/"
+    page = client.get(response["Location"])
+    assert page.status_code == 200 and b"emails.send" in page.content and b"data-status-url" in page.content
+
+
+def test_bad_address_shows_the_error_on_the_form(client, admin_user):
+    client.force_login(admin_user)
+    response = client.post("/emails/", {"to": "nope", "template": "test"})
+    assert response.status_code == 200 and b"Enter a valid email address" in response.content
+    assert EmailMessage.objects.count() == 0
+
+
+def test_campaign_page_flow(client, admin_user, clean_redis):
+    client.force_login(admin_user)
+    response = client.post("/emails/campaigns/", {"name": "Spring", "headline": "Hi", "body": "Text"})
+    campaign = Campaign.objects.get()
+    assert response["Location"] == f"/emails/campaigns/{campaign.pk}/"
+
+    page = client.get(response["Location"])
+    assert b"Import recipients" in page.content and b"Start sending" in page.content
