@@ -258,12 +258,41 @@ class DeadLetterStatus(models.TextChoices):
     DISCARDED = "discarded", "Discarded"  # an operator decided not to run it
 
 
+# Filters operators may pass to bulk actions (admin "replay all matching", `manage.py jobs`).
+DEAD_LETTER_FILTERS = {
+    "status": "status",
+    "task": "task_name",
+    "exception": "exception_class",
+    "queue": "queue",
+    "since": "last_failed_at__gte",
+    "until": "last_failed_at__lt",
+    "search": None,  # job id, or text in the exception message
+}
+
+
 class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
     def unresolved(self) -> DeadLetterQuerySet:
         return self.filter(status=DeadLetterStatus.DEAD)
 
     def for_task(self, name: str) -> DeadLetterQuerySet:
         return self.filter(task_name=name)
+
+    def matching(self, filters: dict[str, Any]) -> DeadLetterQuerySet:
+        """Rows matching operator filters (keys of DEAD_LETTER_FILTERS); unknown keys raise."""
+        queryset = self
+        for key, value in filters.items():
+            if value in (None, ""):
+                continue
+            if key not in DEAD_LETTER_FILTERS:
+                raise ValueError(f"Unknown dead-letter filter {key!r}")
+            if key == "search":
+                try:
+                    queryset = queryset.filter(job_id_value=uuid.UUID(str(value)))
+                except ValueError:
+                    queryset = queryset.filter(exception_message__icontains=value)
+            else:
+                queryset = queryset.filter(**{DEAD_LETTER_FILTERS[key]: value})
+        return queryset
 
 
 class DeadLetter(models.Model):
@@ -338,6 +367,11 @@ class DeadLetter(models.Model):
         verbose_name = "dead letter"
         verbose_name_plural = "dead letters"
         ordering = ("-last_failed_at",)
+        permissions = [
+            ("replay_deadletter", "Can replay dead letters"),
+            ("discard_deadletter", "Can discard dead letters"),
+            ("view_raw_arguments", "Can view raw (unmasked) job arguments"),
+        ]
         indexes = [
             models.Index(fields=["status", "last_failed_at"], name="dl_status_idx"),
             models.Index(fields=["task_name", "last_failed_at"], name="dl_task_idx"),
@@ -390,3 +424,25 @@ class ApiToken(models.Model):
 
         key = secrets.token_urlsafe(32)
         return cls.objects.create(user=user, name=name, key_hash=cls.hash(key)), key
+
+
+class AuditEntry(models.Model):
+    """An operator action on jobs or dead letters: who, what, how many, when."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
+        related_name="+", verbose_name="user", help_text="Operator who acted.",
+    )
+    action = models.CharField("action", max_length=50, help_text="replay, discard, replay-edited, …")
+    count = models.PositiveIntegerField("count", default=0, help_text="Rows affected.")
+    detail = models.JSONField("detail", default=dict, blank=True, help_text="Filters, ids, edits.")
+    created_at = models.DateTimeField("when", default=timezone.now, help_text="When it happened.")
+
+    class Meta:
+        verbose_name = "audit entry"
+        verbose_name_plural = "audit entries"
+        ordering = ("-created_at",)
+        indexes = [models.Index(fields=["created_at"], name="audit_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} x{self.count} by {self.user}"

@@ -75,16 +75,29 @@ def queue_stats() -> list[QueueStats]:
     return stats
 
 
-def workers_online() -> dict[str, list[str]]:
-    """Worker hostname -> queues it consumes; cached briefly in Redis."""
+def workers_detail() -> dict[str, dict[str, Any]]:
+    """Worker hostname -> {"queues": [...], "concurrency": n}; cached briefly in Redis."""
     client = redis_client()
     cached = client.get(WORKERS_CACHE_KEY)
     if cached is not None:
         return json.loads(cached)
-    replies = current_app.control.inspect(timeout=1.0).active_queues() or {}
-    workers = {host: sorted(q["name"] for q in queues) for host, queues in replies.items()}
+    inspect = current_app.control.inspect(timeout=1.0)
+    queues = inspect.active_queues() or {}
+    stats = inspect.stats() or {} if queues else {}
+    workers = {
+        host: {
+            "queues": sorted(q["name"] for q in host_queues),
+            "concurrency": (stats.get(host) or {}).get("pool", {}).get("max-concurrency"),
+        }
+        for host, host_queues in queues.items()
+    }
     client.set(WORKERS_CACHE_KEY, json.dumps(workers), ex=WORKERS_CACHE_SECONDS)
     return workers
+
+
+def workers_online() -> dict[str, list[str]]:
+    """Worker hostname -> queues it consumes."""
+    return {host: detail["queues"] for host, detail in workers_detail().items()}
 
 
 def _check(fn: Any) -> tuple[bool, Any]:
