@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -133,12 +134,23 @@ SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG and "CI" not
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 X_FRAME_OPTIONS = "DENY"
 
+# Every line goes through a formatter that masks email addresses; LOG_FORMAT=json for JSON lines.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"()": "jobs.logs.MaskingFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "jobs.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "json" if os.environ.get("LOG_FORMAT") == "json" else "plain",
+        }
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # aiosmtpd (tests) logs whole SMTP conversations at INFO.
+    "loggers": {"mail.log": {"level": "WARNING"}},
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -218,7 +230,21 @@ BACKLOT = {
     "HEALTH_MAX_QUEUE_DEPTH": int(os.environ.get("BACKLOT_HEALTH_MAX_QUEUE_DEPTH", "1000")),
     "HEALTH_MAX_WAIT_SECONDS": float(os.environ.get("BACKLOT_HEALTH_MAX_WAIT_SECONDS", "300")),
     "METRICS_TOKEN": os.environ.get("METRICS_TOKEN", ""),
+    # Retention (manage.py jobs purge, and daily from beat); unresolved dead letters are kept.
+    "JOB_RETENTION_DAYS": int(os.environ.get("BACKLOT_JOB_RETENTION_DAYS", "7")),
+    "DEAD_LETTER_RETENTION_DAYS": int(os.environ.get("BACKLOT_DEAD_LETTER_RETENTION_DAYS", "30")),
+    # An effect record older than this no longer stops a replay from repeating the effect.
+    "EFFECT_RETENTION_DAYS": int(os.environ.get("BACKLOT_EFFECT_RETENTION_DAYS", "90")),
+    # A degraded-health cause is alerted at most once per this many seconds.
+    "ALERT_INTERVAL": int(os.environ.get("BACKLOT_ALERT_INTERVAL", "900")),
 }
+# Alert emails go to ADMINS="Ops <ops@example.com>, Other <other@example.com>".
+ADMINS = [
+    (name.strip(), address.strip(" >"))
+    for name, _, address in (entry.partition("<") for entry in env_list("ADMINS"))
+]
+SERVER_EMAIL = os.environ.get("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
+EMAIL_SUBJECT_PREFIX = "[Backlot] "
 
 # The relay publishes the outbox, due scheduled jobs and expired leases (jobs.services.job_relay).
 CELERY_BEAT_SCHEDULE = {
@@ -226,6 +252,16 @@ CELERY_BEAT_SCHEDULE = {
         "task": "jobs.relay",
         "schedule": float(os.environ.get("BACKLOT_RELAY_INTERVAL", "5")),
         "options": {"queue": "default", "expires": 30},
+    },
+    "backlot-health-watch": {
+        "task": "jobs.health_watch",
+        "schedule": 30.0,
+        "options": {"queue": "default", "expires": 30},
+    },
+    "backlot-retention": {
+        "task": "jobs.retention",
+        "schedule": crontab(hour=3, minute=30),
+        "options": {"queue": "default"},
     },
 }
 

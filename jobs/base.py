@@ -23,7 +23,7 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 from django.utils import timezone
 
-from . import services
+from . import services, telemetry
 from .exceptions import BrokerUnavailable
 from .models import Job
 from .policies import DEFAULT_POLICY, Permanent, Retryable, RetryPolicy, TimeLimitHit
@@ -160,10 +160,12 @@ class PlatformTask(Task):
                 task=self, job_id=request.id, args=args, kwargs=kwargs, attempt=0, exc=exc,
                 priority=self._priority_of_request(), queue=self._queue_of_request(),
             )
+            self._event("dead", 0)
             self.gave_up(exc, args, kwargs)
             raise
         attempt = claim.attempt if claim else (request.retries or 0) + 1
         failures = claim.failures if claim else []
+        self._event("started", attempt)
         started = time.monotonic()
         try:
             result = self.run(*args, **kwargs)
@@ -195,10 +197,14 @@ class PlatformTask(Task):
         return result
 
     def _finished(self, attempt: int, started: float) -> None:
+        duration = time.monotonic() - started
         if self.track:
-            services.job_succeeded(
-                job_id=self.request.id, attempt=attempt, run_seconds=time.monotonic() - started
-            )
+            services.job_succeeded(job_id=self.request.id, attempt=attempt, run_seconds=duration)
+        self._event("succeeded", attempt, duration)
+
+    def _event(self, event: str, attempt: int, duration: float | None = None) -> None:
+        telemetry.job_event(event, job_id=self.request.id, task=self.name,
+                            queue=self._queue_of_request(), attempt=attempt, duration=duration)
 
     def _attempt_failed(
         self, exc: BaseException, *, args: tuple, kwargs: dict, attempt: int,
@@ -215,8 +221,7 @@ class PlatformTask(Task):
                 delay = max(0.0, float(reason.retry_after))
             if not self._schedule_retry(job_id, args, kwargs, attempt, failures, reason, delay, run_seconds):
                 raise Ignore()  # this run lost its claim; the job's current run decides
-            logger.info("Job %s (%s) attempt %s failed (%s); retry in %.1fs",
-                        job_id, self.name, attempt, type(reason).__name__, delay)
+            self._event("retrying", attempt, run_seconds)
             raise Retry(exc=reason, when=delay)
         services.dead_letter_create(
             task=self, job_id=job_id, args=args, kwargs=kwargs, attempt=attempt, exc=reason,
@@ -224,6 +229,7 @@ class PlatformTask(Task):
             priority=self._priority_of_request(), queue=self._queue_of_request(),
             claimed_attempt=attempt if self.track else None,
         )
+        self._event("dead", attempt, run_seconds)
         self.gave_up(reason, args, kwargs)
 
     def gave_up(self, exc: BaseException, args: tuple, kwargs: dict) -> None:
@@ -303,6 +309,7 @@ class PlatformTask(Task):
         if not self._resend(args, kwargs, due, {"retries": request.retries or 0, "headers": headers},
                             mark_published=False):
             raise Reject("rate-limited job could not be re-sent", requeue=True)
+        telemetry.record_rate_limited(self.name)
         logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
         return False
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from django.db.models import Count
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from . import telemetry
 from .models import DeadLetter
 from .monitoring import queue_stats
 
 
 class BacklotCollector(Collector):
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Any]:
         depth = GaugeMetricFamily(
             "backlot_queue_depth", "Messages waiting in the broker per queue.", labels=["queue"]
         )
@@ -36,3 +38,4 @@ class BacklotCollector(Collector):
         for row in DeadLetter.objects.values("task_name", "status").annotate(n=Count("id")):
             dead.add_metric([row["task_name"], row["status"]], row["n"])
         yield dead
+        yield from telemetry.collect()

@@ -15,7 +15,7 @@ from celery.worker.request import Request
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import services
+from . import services, telemetry
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
@@ -81,6 +81,9 @@ class PlatformRequest(Request):
                     attempt=job.attempts if job else crashes, failures=list(job.failures) if job else [],
                     exc=reason, traceback=str(exc),
                 )
+                telemetry.job_event("dead", job_id=self.id, task=self.task.name,
+                                    queue=(self.delivery_info or {}).get("routing_key", ""),
+                                    attempt=job.attempts if job else crashes)
                 self.task.gave_up(reason, tuple(self.args), dict(self.kwargs))
         except Exception:
             logger.exception("Could not record the worker loss of job %s", self.id)

@@ -510,7 +510,6 @@ def dead_letter_create(
                 last_failed_at=now,
             ),
         )
-    logger.warning("Job %s (%s) gave up after %s attempt(s): %s", job_id, task.name, attempt, name)
     return dead_letter
 
 

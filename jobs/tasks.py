@@ -25,3 +25,19 @@ def replay_matching(self: Any, filters: dict[str, str], user_id: int | None = No
         queryset=DeadLetter.objects.matching(filters), by=user, progress=self.progress
     )
     return {"replayed": outcome.done, "skipped": outcome.skipped, "errors": (outcome.errors or [])[:20]}
+
+
+@shared_task(name="jobs.retention", ignore_result=True)
+def retention() -> dict[str, int]:
+    """Daily: delete finished history past its retention (jobs.retention)."""
+    from .retention import retention_purge
+
+    return retention_purge()
+
+
+@shared_task(name="jobs.health_watch", ignore_result=True)
+def health_watch() -> dict[str, list[str]]:
+    """Every 30 s: alert on degraded health, once per cause per interval."""
+    from .alerts import alerts_check
+
+    return alerts_check()

@@ -1,0 +1,130 @@
+"""manage.py jobs status|retry|discard|purge: the operator's terminal tools."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.dateparse import parse_datetime
+
+from jobs import services
+from jobs.dashboard import dashboard_data
+from jobs.masking import mask_text
+from jobs.models import DeadLetter
+from jobs.retention import retention_purge
+
+COLUMNS = [
+    ("queue", "name"), ("waiting", "waiting"), ("sched", "scheduled"), ("running", "running"),
+    ("dead", "dead_letters"), ("done 1h", "completed_last_hour"), ("failed 1h", "failed_last_hour"),
+    ("per min", "throughput_per_minute"), ("oldest s", "oldest_wait_seconds"),
+]
+
+
+class Command(BaseCommand):
+    help = "Queue status, bulk retry or discard of dead letters, and retention."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        status = sub.add_parser("status", help="Queues, workers and health.")
+        status.add_argument("--json", action="store_true", help="Print JSON for scripts.")
+        status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                            help="Refresh every SECONDS (default 2) until Ctrl-C.")
+        for name, text in (("retry", "Replay dead letters."), ("discard", "Discard dead letters.")):
+            action = sub.add_parser(name, help=text)
+            action.add_argument("--task")
+            action.add_argument("--exception", help="Exception class, e.g. ConnectionRefusedError")
+            action.add_argument("--queue")
+            action.add_argument("--since", help="ISO time: failed at or after")
+            action.add_argument("--until", help="ISO time: failed before")
+            action.add_argument("--limit", type=int)
+            action.add_argument("--dry-run", action="store_true", help="Only say what would happen.")
+        purge = sub.add_parser("purge", help="Apply retention now.")
+        purge.add_argument("--dry-run", action="store_true")
+
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
+        getattr(self, f"do_{action}")(**options)
+
+    # --- status -------------------------------------------------------------------------
+    def do_status(self, json: bool = False, watch: float | None = None, **_: Any) -> None:
+        while True:
+            data = dashboard_data()
+            data.pop("chart_svg", None)
+            if json:
+                self.stdout.write(_json(data))
+            else:
+                if watch:
+                    self.stdout.write("\x1b[2J\x1b[H", ending="")
+                self.stdout.write(self.render(data))
+            if not watch:
+                return
+            try:
+                time.sleep(watch)
+            except KeyboardInterrupt:
+                return
+
+    def render(self, data: dict[str, Any]) -> str:
+        rows = [[title for title, _ in COLUMNS]] + [
+            [str(q[key]) for _, key in COLUMNS] for q in data["queues"]
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+        lines = [f"Health: {data['health']['status']}"]
+        lines += [f"  ! {p}" for p in data["health"]["problems"]]
+        lines.append("")
+        for index, row in enumerate(rows):
+            lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+            if index == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        lines.append("")
+        workers = data["workers"]
+        lines.append(f"Workers ({len(workers)}):")
+        for host, detail in workers.items():
+            lines.append(f"  {host}  queues={','.join(detail['queues'])}  concurrency={detail['concurrency']}")
+        return "\n".join(lines) + "\n"
+
+    # --- retry / discard ----------------------------------------------------------------
+    def _matching(self, options: dict[str, Any]) -> Any:
+        for key in ("since", "until"):
+            if options.get(key) and parse_datetime(options[key]) is None:
+                raise CommandError(f"--{key} must be an ISO date-time, e.g. 2026-11-29T09:00:00Z")
+        filters = {key: options.get(key) for key in ("task", "exception", "queue", "since", "until")}
+        queryset = DeadLetter.objects.unresolved().matching(filters)
+        return queryset, {k: v for k, v in filters.items() if v}
+
+    def _preview(self, queryset: Any, limit: int | None, verb: str) -> None:
+        rows = list(queryset.order_by("pk")[: limit or None].values_list("pk", "task_name", "exception_class", "exception_message"))
+        self.stdout.write(f"Would {verb} {len(rows)} dead letter(s):")
+        for pk, task, exc, message in rows[:50]:
+            self.stdout.write(f"  #{pk} {task} {exc}: {mask_text(message)[:80]}")
+        if len(rows) > 50:
+            self.stdout.write(f"  … and {len(rows) - 50} more")
+
+    def do_retry(self, limit: int | None = None, dry_run: bool = False, **options: Any) -> None:
+        queryset, filters = self._matching(options)
+        if dry_run:
+            return self._preview(queryset, limit, "replay")
+        outcome = services.dead_letter_replay_many(queryset=queryset, limit=limit)
+        services.audit(user=None, action="replay-cli", count=outcome.done, filters=filters)
+        self.stdout.write(f"Replayed {outcome.done} dead letter(s); skipped {outcome.skipped}.")
+        for error in outcome.errors or []:
+            self.stderr.write(error)
+
+    def do_discard(self, limit: int | None = None, dry_run: bool = False, **options: Any) -> None:
+        queryset, filters = self._matching(options)
+        if dry_run:
+            return self._preview(queryset, limit, "discard")
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: limit or None])
+        count = services.dead_letter_discard_many(queryset=DeadLetter.objects.filter(pk__in=ids))
+        services.audit(user=None, action="discard-cli", count=count, filters=filters)
+        self.stdout.write(f"Discarded {count} dead letter(s).")
+
+    # --- purge --------------------------------------------------------------------------
+    def do_purge(self, dry_run: bool = False, **_: Any) -> None:
+        counts = retention_purge(dry_run=dry_run)
+        verb = "Would delete" if dry_run else "Deleted"
+        self.stdout.write(f"{verb}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=2, default=str)

@@ -1,0 +1,55 @@
+"""Retention: finished history is deleted by age so the database and Redis stay bounded.
+
+Unresolved dead letters (and the ledger rows they point at) are kept until an operator acts.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+from django_celery_results.models import TaskResult
+
+from .models import DeadLetter, DeadLetterStatus, Effect, Job
+
+# Rows per DELETE: 5,000 keeps each statement well under a second on PostgreSQL here and does
+# not hold locks that would stall workers writing the ledger.
+DELETE_BATCH = 5000
+
+
+def _delete_in_batches(queryset: Any, dry_run: bool) -> int:
+    if dry_run:
+        return queryset.count()
+    total = 0
+    while True:
+        ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
+        if not ids:
+            return total
+        total += queryset.model.objects.filter(pk__in=ids).delete()[1].get(queryset.model._meta.label, 0)
+
+
+def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
+    """Delete what retention allows; returns rows deleted (or that would be) per kind."""
+    now = timezone.now()
+    limits = settings.BACKLOT
+    job_cutoff = now - timedelta(days=limits["JOB_RETENTION_DAYS"])
+    dead_cutoff = now - timedelta(days=limits["DEAD_LETTER_RETENTION_DAYS"])
+    jobs = Job.objects.finished().filter(finished_at__lt=job_cutoff).exclude(
+        dead_letter__status=DeadLetterStatus.DEAD
+    )
+    resolved = DeadLetter.objects.filter(
+        ~Q(status=DeadLetterStatus.DEAD), resolved_at__lt=dead_cutoff
+    )
+    effects = Effect.objects.filter(created_at__lt=now - timedelta(days=limits["EFFECT_RETENTION_DAYS"]))
+    results = TaskResult.objects.filter(
+        date_done__lt=now - timedelta(seconds=settings.CELERY_RESULT_EXPIRES)
+    )
+    return {
+        "dead_letters": _delete_in_batches(resolved, dry_run),
+        "jobs": _delete_in_batches(jobs, dry_run),
+        "effects": _delete_in_batches(effects, dry_run),
+        "results": _delete_in_batches(results, dry_run),
+    }

@@ -1,0 +1,88 @@
+"""Job counters and run-time histograms kept in Redis, so /metrics is right across every
+prefork process and host (prometheus-client's in-process metrics would only see one)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+from .ratelimit import redis_client
+
+logger = logging.getLogger(__name__)
+job_logger = logging.getLogger("backlot.jobs")
+
+FINISHED = "backlot:metrics:finished"  # field "task\tstate" -> count
+RATE_LIMITED = "backlot:metrics:rate_limited"  # field task -> count
+RUNTIME = "backlot:metrics:runtime:"  # + task: fields bucket bounds, "sum", "count"
+# Run-time buckets (seconds): from a no-op to a one-hour transcode.
+BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+
+
+def record_outcome(task: str, state: str, run_seconds: float | None) -> None:
+    """Count a finished attempt (succeeded, retrying, dead) and its run time; never raises."""
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.hincrby(FINISHED, f"{task}\t{state}", 1)
+        if run_seconds is not None:
+            key = RUNTIME + task
+            bound = next((b for b in BUCKETS if run_seconds <= b), "+Inf")
+            pipe.hincrby(key, str(bound), 1)
+            pipe.hincrbyfloat(key, "sum", run_seconds)
+            pipe.hincrby(key, "count", 1)
+        pipe.execute()
+    except Exception as exc:  # metrics must never fail a job
+        logger.debug("Could not record metrics for %s: %s", task, exc)
+
+
+def record_rate_limited(task: str) -> None:
+    try:
+        redis_client().hincrby(RATE_LIMITED, task, 1)
+    except Exception as exc:
+        logger.debug("Could not record a rate-limit wait for %s: %s", task, exc)
+
+
+def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
+    client = redis_client()
+    finished = CounterMetricFamily(
+        "backlot_jobs_finished", "Job attempts finished, by task and outcome.", labels=["task", "state"]
+    )
+    for field, count in client.hgetall(FINISHED).items():
+        task, _, state = field.decode().partition("\t")
+        finished.add_metric([task, state], int(count))
+    yield finished
+    waits = CounterMetricFamily(
+        "backlot_rate_limit_waits", "Times a job waited for a rate-limit token.", labels=["task"]
+    )
+    for task, count in client.hgetall(RATE_LIMITED).items():
+        waits.add_metric([task.decode()], int(count))
+    yield waits
+    runtime = HistogramMetricFamily(
+        "backlot_job_run_seconds", "Run time of job attempts.", labels=["task"]
+    )
+    for key in client.scan_iter(match=RUNTIME + "*", count=500):
+        task = key.decode()[len(RUNTIME):]
+        values = {k.decode(): v for k, v in client.hgetall(key).items()}
+        cumulative, buckets = 0, []
+        for bound in [*map(str, BUCKETS), "+Inf"]:
+            cumulative += int(values.get(bound, 0))
+            buckets.append((bound, cumulative))
+        runtime.add_metric([task], buckets=buckets, sum_value=float(values.get("sum", 0)))
+    yield runtime
+
+
+def job_event(event: str, *, job_id: str, task: str, queue: str, attempt: int,
+              duration: float | None = None, outcome: str | None = None) -> None:
+    """One structured log line per job start, retry, success, failure and dead letter;
+    finished attempts also count in the metrics. Ids and names only: no arguments."""
+    level = logging.WARNING if event in ("dead", "failed") else logging.INFO
+    job_logger.log(
+        level,
+        "job %s id=%s task=%s queue=%s attempt=%s%s",
+        event, job_id, task, queue, attempt, f" duration={duration:.3f}s" if duration is not None else "",
+        extra={"event": event, "job_id": job_id, "task": task, "queue": queue, "attempt": attempt,
+               "duration": duration, "outcome": outcome or event},
+    )
+    if event in ("succeeded", "retrying", "dead"):
+        record_outcome(task, event, duration)
