@@ -25,7 +25,7 @@ def stranger():
 
 @pytest.fixture
 def owned_job(clean_redis, owner):
-    return tasks.record.enqueue("k", owner=owner)
+    return tasks.prioritized.enqueue("k", "a", owner=owner)  # `reports`: stays queued
 
 
 def test_owner_reads_their_job(client, owner, owned_job):
@@ -35,7 +35,7 @@ def test_owner_reads_their_job(client, owner, owned_job):
     assert response.status_code == 200
     body = response.json()
     assert body["job_id"] == owned_job.id and body["state"] == "queued"
-    assert body["attempts"] == 0 and body["max_attempts"] == tasks.record.policy.max_attempts
+    assert body["attempts"] == 0 and body["max_attempts"] == tasks.prioritized.policy.max_attempts
     assert body["progress"] == {"done": 0, "total": None, "percent": None, "message": ""}
     assert body["enqueued_at"] and body["started_at"] is None and body["queue_wait_seconds"] is None
 
