@@ -93,8 +93,6 @@ class PlatformTask(Task):
             passthrough["link"] = link
         if link_error is not None:
             passthrough["link_error"] = link_error
-        if producer is not None:
-            passthrough["producer"] = producer
         priority = options.get("priority")
         handle = services.job_enqueue(
             task=self,

@@ -152,6 +152,12 @@ class Job(models.Model):
     run_seconds = models.FloatField(
         "run time (s)", null=True, blank=True, help_text="Duration of the last run."
     )
+    publish_options = models.JSONField(
+        "publish options",
+        default=dict,
+        blank=True,
+        help_text="Canvas links (chain, chord, group, callbacks) the relay re-sends with the job.",
+    )
     replay_of = models.ForeignKey(
         "DeadLetter",
         on_delete=models.SET_NULL,

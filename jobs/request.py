@@ -11,7 +11,9 @@ import logging
 from typing import Any
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, Retry
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -29,7 +31,8 @@ class PlatformRequest(Request):
         if getattr(self.task, "track", False) or isinstance(exc, TimeLimitExceeded):
             close_old_connections()  # the main process holds its connection for days
             if isinstance(exc, TimeLimitExceeded):
-                self._hard_time_limit(exc)
+                if self._hard_time_limit(exc):
+                    return self._retry_scheduled()
             elif isinstance(exc, WorkerLostError) or (
                 isinstance(exc, (SystemExit, KeyboardInterrupt))
                 and not (self._already_cancelled or self._already_revoked)
@@ -48,7 +51,21 @@ class PlatformRequest(Request):
                 logger.exception("Could not release the claim of cancelled job %s", self.id)
         super()._announce_cancelled(emit_retry=emit_retry)
 
-    def _hard_time_limit(self, killed: BaseException) -> None:
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft and self._backlot_retrying:
+            return self._retry_scheduled()  # not a failure: Celery must not fail the chord
+        super().on_timeout(soft, timeout)
+
+    _backlot_retrying = False
+
+    def _retry_scheduled(self) -> None:
+        """The platform re-sent this job: finish the request without recording a failure."""
+        task_ready(self)
+        if self.task.acks_late:
+            self.acknowledge()
+
+    def _hard_time_limit(self, killed: BaseException) -> bool:
+        """Record the kill as a failed attempt; True when a retry was scheduled."""
         task = self.task
         timeout = getattr(killed, "args", [None])[0] if getattr(killed, "args", None) else "?"
         exc = TimeLimitHit(f"hard time limit of {timeout}s exceeded; the process was killed")
@@ -56,7 +73,7 @@ class PlatformRequest(Request):
             if task.track:
                 job = Job.objects.filter(id=self.id).only("attempts", "failures", "state").first()
                 if job is None or job.state != JobState.RUNNING:
-                    return
+                    return False
                 attempt, failures = job.attempts, list(job.failures)
             else:
                 attempt, failures = (self._context.retries or 0) + 1, []
@@ -64,10 +81,13 @@ class PlatformRequest(Request):
                 try:
                     task._attempt_failed(exc, args=tuple(self.args), kwargs=dict(self.kwargs),
                                          attempt=attempt, failures=failures, traceback=str(exc))
-                except Exception:  # celery's Retry: the next attempt is scheduled
+                except Retry:
+                    self._backlot_retrying = True
+                except Ignore:
                     pass
         except Exception:
             logger.exception("Could not record the time limit of job %s", self.id)
+        return self._backlot_retrying
 
     def _worker_lost(self, exc: BaseException) -> None:
         """Free the claim so the requeued message runs again, until the job is a poison pill."""
@@ -81,6 +101,8 @@ class PlatformRequest(Request):
                     attempt=job.attempts if job else crashes, failures=list(job.failures) if job else [],
                     exc=reason, traceback=str(exc),
                 )
+                # Celery stores no result for a requeued message: fail it so a chord fires.
+                self.task.backend.mark_as_failure(self.id, reason, request=self._context)
                 telemetry.job_event("dead", job_id=self.id, task=self.task.name,
                                     queue=(self.delivery_info or {}).get("routing_key", ""),
                                     attempt=job.attempts if job else crashes)

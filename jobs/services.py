@@ -6,6 +6,7 @@ the ledger so that each state change happens in one place.
 
 from __future__ import annotations
 
+import json
 import logging
 import traceback as traceback_module
 import uuid
@@ -43,6 +44,10 @@ logger = logging.getLogger(__name__)
 MAX_FAILURES_KEPT = 20
 # The relay leaves a fresh unpublished row alone this long: its on-commit publish is in flight.
 RELAY_GRACE = timedelta(seconds=10)
+# Message options that tie a job into a canvas; kept on the ledger row so a relayed job keeps them.
+CANVAS_OPTIONS = frozenset(
+    {"link", "link_error", "chain", "chord", "group_id", "group_index", "root_id", "parent_id"}
+)
 # A scheduled job's message may arrive this much before its time (clock skew between hosts).
 EARLY_TOLERANCE = timedelta(seconds=2)
 
@@ -139,6 +144,7 @@ def job_enqueue(
         max_attempts=task.policy.max_attempts,
         enqueued_at=now,
         scheduled_for=start_at,
+        publish_options=_storable(publish_options),
     )
     if not task.track:
         if idempotency_key:
@@ -221,6 +227,16 @@ def _publish_many(*, task: PlatformTask, jobs: list[Job]) -> None:
             Job.objects.filter(id__in=published[start : start + BULK_BATCH]).update(published_at=now)
 
 
+def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Message options worth keeping in the ledger for the relay (canvas links), as JSON."""
+    kept = {k: v for k, v in (options or {}).items() if k in CANVAS_OPTIONS and v is not None}
+    try:
+        return json.loads(json.dumps(kept))
+    except (TypeError, ValueError):
+        logger.warning("Canvas options of a job are not JSON; the relay would re-send it without them")
+        return {}
+
+
 def _publish_untracked(*, job: Job, task: PlatformTask, options: Mapping[str, Any] | None) -> None:
     """An untracked job has no ledger row to wait in: a broker outage is the caller's error."""
     if not job_publish(job=job, task=task, options=options):
@@ -289,7 +305,7 @@ def job_publish(
             priority=broker_priority(job.priority),
             eta=eta,
             _backlot_internal=True,
-            **dict(options or {}),
+            **{**(job.publish_options or {}), **dict(options or {})},
         )
     except (KombuError, RedisError, OSError) as exc:
         logger.warning("Broker unavailable, job %s stays in the outbox: %s", job.id, exc)
