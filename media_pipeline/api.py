@@ -1,5 +1,193 @@
-"""JSON API of media_pipeline (django-ninja router mounted in config/api.py)."""
+"""JSON API of media_pipeline (django-ninja router mounted at /api/videos/ in config/api.py)."""
 
-from ninja import Router
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from functools import wraps
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
+from ninja import File, Form, Router, Schema, Status
+from ninja.decorators import decorate_view
+from ninja.errors import HttpError
+from ninja.files import UploadedFile
+
+from . import services
+from .exceptions import InvalidUpload, UploadTooLarge
+from .models import RenditionStatus, Video
+from .uploads import UploadCheck, limit_upload
 
 router = Router(tags=["videos"])
+
+# Videos listed by GET /api/videos/, newest first.
+LIST_LIMIT = 100
+
+
+class ErrorOut(Schema):
+    detail: str
+
+
+class VideoAccepted(Schema):
+    video_id: str
+    job_id: str
+    status_url: str
+    job_status_url: str
+
+
+class ProgressOut(Schema):
+    percent: float
+    done: int
+    total: int
+
+
+class RenditionOut(Schema):
+    format: str
+    state: str
+    progress: int
+    width: int | None
+    height: int | None
+    resolution: str | None
+    duration: float | None
+    size_bytes: int | None
+    error: str | None
+    job_id: str | None
+    download_url: str | None
+
+
+class VideoOut(Schema):
+    video_id: str
+    state: str
+    name: str
+    size_bytes: int
+    duration: float | None
+    width: int | None
+    height: int | None
+    error: str | None
+    progress: ProgressOut
+    renditions: list[RenditionOut]
+    job_id: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+def video_status(video: Video) -> dict[str, Any]:
+    """The status document of a video: overall and per-format progress, renditions."""
+    renditions = sorted(video.renditions.all(), key=lambda r: services.FORMAT_ORDER.index(r.format))
+    percent = video.progress_percent(renditions)
+    return {
+        "video_id": str(video.id),
+        "state": video.status,
+        "name": video.original_name,
+        "size_bytes": video.source_size,
+        "duration": video.duration,
+        "width": video.width,
+        "height": video.height,
+        "error": video.error or None,
+        "progress": {"percent": percent, "done": int(percent), "total": 100},
+        "renditions": [
+            {
+                "format": r.format,
+                "state": r.status,
+                "progress": r.progress,
+                "width": r.width,
+                "height": r.height,
+                "resolution": r.resolution or None,
+                "duration": r.duration,
+                "size_bytes": r.size_bytes,
+                "error": r.error or None,
+                "job_id": str(r.job_id) if r.job_id else None,
+                "download_url": reverse(
+                    "media_pipeline:rendition_download",
+                    kwargs={"video_id": video.id, "format": r.format},
+                )
+                if r.status == RenditionStatus.READY
+                else None,
+            }
+            for r in renditions
+        ],
+        "job_id": str(video.job_id) if video.job_id else None,
+        "created_at": video.created_at,
+        "finished_at": video.finished_at,
+    }
+
+
+def _too_large(check: UploadCheck) -> JsonResponse:
+    size = check.declared if check.refused_unread else None
+    return JsonResponse(
+        {"detail": services.upload_limit_message(size=size, limit=check.limit)}, status=413
+    )
+
+
+def upload_limited(run: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Apply the upload limit before ninja (or its CSRF check) reads the multipart body."""
+
+    @wraps(run)
+    def limited(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        check = limit_upload(request)
+        if check.refused_unread:
+            return _too_large(check)
+        response = run(request, *args, **kwargs)
+        return _too_large(check) if check.too_large else response
+
+    return limited
+
+
+@router.post(
+    "/",
+    response={202: VideoAccepted, 400: ErrorOut, 413: ErrorOut},
+    url_name="video_create",
+)
+@decorate_view(upload_limited)
+def video_create(
+    request: HttpRequest,
+    file: UploadedFile = File(..., description="The video (any container ffmpeg reads)."),
+    formats: list[str] | None = Form(
+        None,
+        description="360p, 720p and/or 1080p (repeat the field, or comma-separate); default all.",
+    ),
+) -> Status[dict[str, Any]]:
+    """Upload a video and transcode it to the chosen formats in the background.
+
+    400 names the bad field and 413 refuses a file over BACKLOT_MAX_UPLOAD_BYTES; in both
+    cases nothing is stored or enqueued.
+    """
+    try:
+        video, handle = services.video_create(owner=request.auth, upload=file, formats=formats)
+    except UploadTooLarge as exc:
+        raise HttpError(413, str(exc)) from None
+    except InvalidUpload as exc:
+        raise HttpError(400, str(exc)) from None
+    return Status(
+        202,
+        {
+            "video_id": str(video.id),
+            "job_id": handle.id,
+            "status_url": reverse("api-1:video_status", kwargs={"video_id": str(video.id)}),
+            "job_status_url": handle.status_url,
+        },
+    )
+
+
+@router.get("/", response=list[VideoOut], url_name="video_list")
+def video_list(request: HttpRequest) -> list[dict[str, Any]]:
+    """Your videos, newest first (the latest 100)."""
+    videos = Video.objects.owned_by(request.auth).prefetch_related("renditions")[:LIST_LIMIT]
+    return [video_status(video) for video in videos]
+
+
+@router.get("/{video_id}/", response=VideoOut, url_name="video_status")
+def video_detail(request: HttpRequest, video_id: str) -> dict[str, Any]:
+    """A video's state, overall and per-format progress, and renditions; others' videos are 404."""
+    try:
+        key = uuid.UUID(video_id)
+    except ValueError:
+        raise HttpError(404, "No such video") from None
+    video = (
+        Video.objects.visible_to(request.auth).prefetch_related("renditions").filter(id=key).first()
+    )
+    if video is None:
+        raise HttpError(404, "No such video")
+    return video_status(video)

@@ -1,6 +1,16 @@
-"""Pages of media_pipeline."""
+"""Pages of media_pipeline: the video list with its upload form, a video, a rendition's file."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from . import views
 
 app_name = "media_pipeline"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.video_list, name="video_list"),
+    path("<uuid:video_id>/", views.video_detail, name="video_detail"),
+    path(
+        "<uuid:video_id>/renditions/<str:format>/",
+        views.rendition_download,
+        name="rendition_download",
+    ),
+]

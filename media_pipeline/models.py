@@ -1,0 +1,358 @@
+"""Uploaded videos and the renditions transcoded from them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+
+class VideoStatus(models.TextChoices):
+    """Where a video is in its life."""
+
+    QUEUED = "queued", "Queued"  # stored; the probe job has not started
+    PROBING = "probing", "Probing"  # ffmpeg reads the source's streams and duration
+    TRANSCODING = "transcoding", "Transcoding"  # one job per format runs (a chord)
+    READY = "ready", "Ready"  # every rendition is written
+    FAILED = "failed", "Failed"  # not a video, or a format failed; `error` says which
+
+
+class RenditionFormat(models.TextChoices):
+    """The formats a video can be transcoded to (see media_pipeline.ladder)."""
+
+    P360 = "360p", "360p"
+    P720 = "720p", "720p"
+    P1080 = "1080p", "1080p"
+
+
+class RenditionStatus(models.TextChoices):
+    """Where one format's transcode is."""
+
+    QUEUED = "queued", "Queued"  # waiting for the probe, a worker, or its next attempt
+    RUNNING = "running", "Running"  # ffmpeg is writing it (under a temporary name)
+    READY = "ready", "Ready"  # written, renamed into place, probed
+    FAILED = "failed", "Failed"  # its job gave up; `error` has ffmpeg's message
+
+
+FINISHED_RENDITION_STATES = (RenditionStatus.READY, RenditionStatus.FAILED)
+
+
+def video_source_path(video: Video, filename: str) -> str:
+    """Where an upload is stored: a generated name; the client's file name is never a path."""
+    return f"videos/{video.id}/source/original"
+
+
+class VideoQuerySet(models.QuerySet["Video"]):
+    def visible_to(self, user: Any) -> VideoQuerySet:
+        """The videos a user may read: their own, or every video for staff."""
+        if getattr(user, "is_staff", False):
+            return self
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(owner=user)
+
+    def owned_by(self, user: Any) -> VideoQuerySet:
+        return self.filter(owner=user)
+
+
+class Video(models.Model):
+    """An uploaded source video; its renditions are the formats transcoded from it."""
+
+    id = models.UUIDField(
+        "video id",
+        primary_key=True,
+        default=uuid.uuid4,
+        editable=False,
+        help_text="Public id; also names the video's folder under MEDIA_ROOT/videos/.",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="videos",
+        verbose_name="owner",
+        help_text="User who uploaded it; only they and staff may see it.",
+    )
+    original_name = models.CharField(
+        "original name",
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="File name the client sent, for display only; never used as a path.",
+    )
+    source = models.FileField(
+        "source file",
+        upload_to=video_source_path,
+        max_length=255,
+        help_text="The upload as received, under a generated name.",
+    )
+    source_size = models.PositiveBigIntegerField(
+        "source size (bytes)", default=0, help_text="Size of the uploaded file."
+    )
+    status = models.CharField(
+        "status",
+        max_length=16,
+        choices=VideoStatus.choices,
+        default=VideoStatus.QUEUED,
+        help_text="Where the video is in its life.",
+    )
+    container = models.CharField(
+        "container",
+        max_length=100,
+        blank=True,
+        default="",
+        help_text="Format ffmpeg read the source as (e.g. mov,mp4,m4a,3gp,3g2,mj2).",
+    )
+    duration = models.FloatField(
+        "duration (s)", null=True, blank=True, help_text="Length of the source, probed by ffmpeg."
+    )
+    width = models.PositiveIntegerField(
+        "width", null=True, blank=True, help_text="Source picture width in pixels, as displayed."
+    )
+    height = models.PositiveIntegerField(
+        "height", null=True, blank=True, help_text="Source picture height in pixels, as displayed."
+    )
+    error = models.TextField(
+        "error",
+        blank=True,
+        default="",
+        help_text="Why it failed: ffmpeg's message, and which format when a transcode failed.",
+    )
+    job_id = models.UUIDField(
+        "job id",
+        null=True,
+        blank=True,
+        help_text="The job that probes it and starts the transcodes.",
+    )
+    created_at = models.DateTimeField(
+        "uploaded", default=timezone.now, help_text="Upload accepted."
+    )
+    probed_at = models.DateTimeField(
+        "probed", null=True, blank=True, help_text="ffmpeg read the source's streams."
+    )
+    finished_at = models.DateTimeField(
+        "finished", null=True, blank=True, help_text="Became ready or failed."
+    )
+
+    objects = VideoQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "video"
+        verbose_name_plural = "videos"
+        ordering = ("-created_at",)
+        indexes = [
+            models.Index(fields=["owner", "created_at"], name="video_owner_idx"),
+            models.Index(fields=["status", "created_at"], name="video_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.original_name or self.id} ({self.status})"
+
+    @property
+    def folder(self) -> str:
+        """The video's folder, relative to MEDIA_ROOT."""
+        return f"videos/{self.id}"
+
+    @property
+    def resolution(self) -> str:
+        return f"{self.width}x{self.height}" if self.width and self.height else ""
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (VideoStatus.READY, VideoStatus.FAILED)
+
+    def mark_probing(self) -> None:
+        self.status = VideoStatus.PROBING
+        self.error = ""
+        self.finished_at = None
+        self.save(update_fields=["status", "error", "finished_at"])
+
+    def mark_probed(self, *, container: str, duration: float, width: int, height: int) -> None:
+        self.container = container[:100]
+        self.duration = duration
+        self.width = width
+        self.height = height
+        self.probed_at = timezone.now()
+        self.save(update_fields=["container", "duration", "width", "height", "probed_at"])
+
+    def mark_transcoding(self) -> None:
+        self.status = VideoStatus.TRANSCODING
+        self.save(update_fields=["status"])
+
+    def mark_ready(self) -> None:
+        self.status = VideoStatus.READY
+        self.error = ""
+        self.finished_at = timezone.now()
+        self.save(update_fields=["status", "error", "finished_at"])
+
+    def mark_failed(self, *, error: str) -> None:
+        self.status = VideoStatus.FAILED
+        self.error = error
+        self.finished_at = timezone.now()
+        self.save(update_fields=["status", "error", "finished_at"])
+
+    def progress_percent(self, renditions: list[Rendition] | None = None) -> float:
+        """Overall progress: the mean of the renditions' (100 once ready)."""
+        if self.status == VideoStatus.READY:
+            return 100.0
+        renditions = list(self.renditions.all()) if renditions is None else renditions
+        if not renditions:
+            return 0.0
+        return round(sum(r.progress for r in renditions) / len(renditions), 1)
+
+
+class Rendition(models.Model):
+    """One format of a video, written by one transcode job."""
+
+    video = models.ForeignKey(
+        Video,
+        on_delete=models.CASCADE,
+        related_name="renditions",
+        verbose_name="video",
+        help_text="The source it is transcoded from.",
+    )
+    format = models.CharField(
+        "format",
+        max_length=8,
+        choices=RenditionFormat.choices,
+        help_text="Target format: the short side of the picture in pixels.",
+    )
+    width = models.PositiveIntegerField(
+        "width", null=True, blank=True, help_text="Picture width in pixels (planned, then probed)."
+    )
+    height = models.PositiveIntegerField(
+        "height",
+        null=True,
+        blank=True,
+        help_text="Picture height in pixels (planned, then probed).",
+    )
+    duration = models.FloatField(
+        "duration (s)",
+        null=True,
+        blank=True,
+        help_text="Length of the written file, probed by ffmpeg.",
+    )
+    size_bytes = models.PositiveBigIntegerField(
+        "size (bytes)", null=True, blank=True, help_text="Size of the written file."
+    )
+    path = models.CharField(
+        "path",
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="File relative to MEDIA_ROOT; set only once the file is complete.",
+    )
+    status = models.CharField(
+        "status",
+        max_length=16,
+        choices=RenditionStatus.choices,
+        default=RenditionStatus.QUEUED,
+        help_text="Where this format's transcode is.",
+    )
+    progress = models.PositiveSmallIntegerField(
+        "progress (%)",
+        default=0,
+        validators=[MaxValueValidator(100)],
+        help_text="0-100; only ever rises, across retries too.",
+    )
+    job_id = models.UUIDField(
+        "job id", null=True, blank=True, help_text="The transcode job (also its Celery task id)."
+    )
+    error = models.TextField(
+        "error", blank=True, default="", help_text="Why the last attempt failed (ffmpeg's message)."
+    )
+    started_at = models.DateTimeField(
+        "started", null=True, blank=True, help_text="Latest attempt started."
+    )
+    finished_at = models.DateTimeField(
+        "finished", null=True, blank=True, help_text="Written, or the last attempt failed."
+    )
+
+    class Meta:
+        verbose_name = "rendition"
+        verbose_name_plural = "renditions"
+        ordering = ("video", "format")
+        constraints = [
+            models.UniqueConstraint(fields=["video", "format"], name="rendition_video_format_uniq"),
+            models.CheckConstraint(
+                condition=Q(progress__lte=100), name="rendition_progress_lte_100"
+            ),
+        ]
+        indexes = [models.Index(fields=["job_id"], name="rendition_job_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.video_id} {self.format} ({self.status})"
+
+    @property
+    def resolution(self) -> str:
+        return f"{self.width}x{self.height}" if self.width and self.height else ""
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_RENDITION_STATES
+
+    def assign_job(self, *, job_id: uuid.UUID, width: int, height: int) -> None:
+        self.job_id = job_id
+        self.width = width
+        self.height = height
+        self.status = RenditionStatus.QUEUED
+        self.save(update_fields=["job_id", "width", "height", "status"])
+
+    def mark_running(self) -> None:
+        self.status = RenditionStatus.RUNNING
+        self.error = ""
+        self.started_at = timezone.now()
+        self.finished_at = None
+        self.save(update_fields=["status", "error", "started_at", "finished_at"])
+
+    def report_progress(self, percent: int) -> bool:
+        """Raise the stored progress to `percent`; a lower value (a retry) changes nothing."""
+        percent = max(0, min(100, int(percent)))
+        updated = Rendition.objects.filter(pk=self.pk, progress__lt=percent).update(
+            progress=percent
+        )
+        if updated:
+            self.progress = percent
+        return bool(updated)
+
+    def mark_ready(
+        self, *, path: str, size_bytes: int, width: int, height: int, duration: float
+    ) -> None:
+        self.status = RenditionStatus.READY
+        self.path = path
+        self.size_bytes = size_bytes
+        self.width = width
+        self.height = height
+        self.duration = duration
+        self.progress = 100
+        self.error = ""
+        self.finished_at = timezone.now()
+        self.save(
+            update_fields=[
+                "status",
+                "path",
+                "size_bytes",
+                "width",
+                "height",
+                "duration",
+                "progress",
+                "error",
+                "finished_at",
+            ]
+        )
+
+    def mark_attempt_failed(self, *, error: str) -> None:
+        """An attempt failed: queued for the next one, unless the job gives up (mark_failed)."""
+        self.status = RenditionStatus.QUEUED
+        self.error = error
+        self.save(update_fields=["status", "error"])
+
+    def mark_failed(self, *, error: str) -> None:
+        self.status = RenditionStatus.FAILED
+        self.error = error
+        self.finished_at = timezone.now()
+        self.save(update_fields=["status", "error", "finished_at"])

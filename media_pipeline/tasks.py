@@ -1,0 +1,102 @@
+"""Jobs of media_pipeline: probe an upload, transcode its formats in parallel, settle the video.
+
+video_process ──> chord( rendition_transcode x formats ) ──> video_finish
+                                    └─ a format gave up ──> video_finish (errback)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import chord
+from celery.canvas import Signature
+
+from jobs.decorators import job
+from jobs.policies import RetryPolicy
+
+from . import services
+from .exceptions import MediaPipelineError
+
+# Reading a header is instant; a file without a duration in its header is measured by a copy
+# pass (services.ffmpeg.MEASURE_TIMEOUT, 600 s).
+PROCESS_TIME_LIMIT = 900
+# A transcode of a long 1080p source: one hour per attempt (the soft limit, at 90%, stops
+# ffmpeg and counts as a failed attempt; the second attempt starts from scratch).
+TRANSCODE_TIME_LIMIT = 3600
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, MediaPipelineError) else f"{type(exc).__name__}: {exc}"
+
+
+def _process_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.video_give_up(video_id=str(kwargs.get("video_id") or args[0]), error=_reason(exc))
+
+
+def _transcode_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    # Also settles the video: a job killed for good (its worker died too often) never reports
+    # to its chord, which would otherwise leave the video transcoding.
+    rendition_id = int(kwargs.get("rendition_id") or args[0])
+    services.rendition_give_up(rendition_id=rendition_id, error=_reason(exc))
+
+
+@job(
+    name="media_pipeline.video_process",
+    queue="media",
+    bind=True,
+    time_limit=PROCESS_TIME_LIMIT,
+    retry=RetryPolicy(max_attempts=2, base_delay=10, max_delay=60),
+    on_dead=_process_gave_up,
+)
+def video_process(self: Any, video_id: str) -> dict[str, Any]:
+    """Probe the upload (not a video: dead letter at once), then start one job per format."""
+    self.progress(0, 2, "reading the source")
+    video = services.video_probe(video_id=video_id)
+    self.progress(1, 2, "starting the transcodes")
+    plan = services.video_transcode_plan(video_id=video_id)
+    if plan:
+        # Sent after the plan's commit, not inside its transaction: inside one, the platform
+        # defers each member's publish to on_commit but keeps the producer the group lent
+        # it, back in the pool by then (AttributeError at commit, jobs/base.py apply_async).
+        # video_transcode_plan recovers a crash between the commit and this send.
+        transcode_chord(video_id, plan).apply_async()
+    self.progress(2, 2, f"transcoding {len(plan)} format(s)" if plan else "already started")
+    return {"video_id": video_id, "duration": video.duration, "started": [p.format for p in plan]}
+
+
+def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Signature:
+    """One transcode per format in parallel; video_finish settles the video after the last.
+
+    The result backend fires the callback once every format has finished; when any gave up
+    the callback is replaced by its errback, the same settling job, which names the failed
+    formats from the renditions' rows.
+    """
+    header = [rendition_transcode.si(p.rendition_id).set(task_id=p.job_id) for p in plan]
+    return chord(header, video_finish.si(video_id)).on_error(video_finish.si(video_id))
+
+
+@job(
+    name="media_pipeline.rendition_transcode",
+    queue="media",
+    bind=True,
+    time_limit=TRANSCODE_TIME_LIMIT,
+    retry=RetryPolicy(max_attempts=2, base_delay=30, max_delay=300),
+    on_dead=_transcode_gave_up,
+)
+def rendition_transcode(self: Any, rendition_id: int) -> dict[str, Any]:
+    """Transcode one format with ffmpeg, reporting its progress."""
+    rendition = services.rendition_transcode(
+        rendition_id=rendition_id,
+        on_progress=lambda percent: self.progress(percent, 100, "encoding"),
+    )
+    self.progress(100, 100, f"{rendition.format} written")
+    if not self.request.chord:
+        # Run on its own (a dead letter replayed): no chord callback will settle the video.
+        services.video_finish(video_id=str(rendition.video_id))
+    return {"format": rendition.format, "size_bytes": rendition.size_bytes}
+
+
+@job(name="media_pipeline.video_finish", queue="media", time_limit=120)
+def video_finish(video_id: str) -> str:
+    """Mark the video ready, or failed naming the failed formats; returns its status."""
+    return services.video_finish(video_id=video_id).status
