@@ -150,7 +150,13 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     # aiosmtpd (tests) logs whole SMTP conversations at INFO.
-    "loggers": {"mail.log": {"level": "WARNING"}},
+    # Job start/success/retry/dead lines come from backlot.jobs (ids only); Celery's own
+    # per-task lines repeat them with return values, so only its warnings are kept.
+    "loggers": {
+        "mail.log": {"level": "WARNING"},
+        "celery.app.trace": {"level": "WARNING"},
+        "celery.worker.strategy": {"level": "WARNING"},
+    },
 }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
