@@ -159,3 +159,21 @@ def test_invalid_rate_limit_is_rejected_when_the_job_is_declared(rate_limit):
 def test_priority_out_of_range_is_rejected_when_the_job_is_declared(priority):
     with pytest.raises(ValueError, match=f"priority must be 0-9, got {priority}"):
         job(name="tests.checks.badpriority", priority=priority)
+
+
+def test_check_warns_when_redis_is_not_durable(settings):
+    from jobs.checks import check_redis_durability
+    from jobs.ratelimit import redis_client
+
+    client = redis_client()
+    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        ids = {w.id for w in check_redis_durability()}
+    finally:
+        client.config_set("maxmemory-policy", policy)
+    assert "jobs.W003" in ids
+    assert "jobs.W003" not in {w.id for w in check_redis_durability()}
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    assert {w.id for w in check_redis_durability()} == {"jobs.W002"}
