@@ -214,7 +214,8 @@ CELERY_TASK_QUEUES = [
 ]
 CELERY_TASK_CREATE_MISSING_QUEUES = False
 CELERY_TIMEZONE = TIME_ZONE
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# django-celery-beat's DatabaseScheduler behind a Redis leader lock: one beat fires (jobs.beat).
+CELERY_BEAT_SCHEDULER = "jobs.beat:LeaderDatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Backlot -----------------------------------------------------------------------------
@@ -243,6 +244,8 @@ BACKLOT = {
     "EFFECT_RETENTION_DAYS": int(os.environ.get("BACKLOT_EFFECT_RETENTION_DAYS", "90")),
     # A degraded-health cause is alerted at most once per this many seconds.
     "ALERT_INTERVAL": int(os.environ.get("BACKLOT_ALERT_INTERVAL", "900")),
+    # Beat leader lock lifetime (s): a dead leader is replaced within this time.
+    "BEAT_LOCK_TTL": int(os.environ.get("BACKLOT_BEAT_LOCK_TTL", "30")),
 }
 # Alert emails go to ADMINS="Ops <ops@example.com>, Other <other@example.com>".
 ADMINS = [

@@ -144,7 +144,12 @@ class PlatformTask(Task):
                 raise Ignore()
             claim = None
             if self.track:
-                claim = services.job_claim(job_id=request.id, lease_seconds=self.lease_seconds())
+                claim = services.job_claim(
+                    job_id=request.id, lease_seconds=self.lease_seconds(),
+                    adopt=Job(id=request.id, task_name=self.name, args=list(args), kwargs=dict(kwargs),
+                              queue=self._queue_of_request(), priority=self._priority_of_request(),
+                              max_attempts=self.policy.max_attempts),
+                )
                 if claim is None:
                     raise Ignore()
         except (DatabaseError, RedisError, KombuError, OSError) as exc:

@@ -358,11 +358,13 @@ class Claim:
     failures: list[dict[str, Any]]
 
 
-def job_claim(*, job_id: str, lease_seconds: float) -> Claim | None:
+def job_claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Claim | None:
     """Move a job to running for this delivery, or None when the message must be dropped.
 
     Only a job that waits (queued, scheduled, retrying), or runs under an expired lease, can
-    be claimed: a redelivered message of a running or finished job is a duplicate.
+    be claimed: a redelivered message of a running or finished job is a duplicate. A message
+    with no ledger row (sent by name with send_task, bypassing enqueue) is adopted: `adopt`,
+    an unsaved row describing it, is inserted and claimed.
     """
     now = timezone.now()
     with transaction.atomic():
@@ -374,8 +376,17 @@ def job_claim(*, job_id: str, lease_seconds: float) -> Claim | None:
             .first()
         )
         if job is None:
-            logger.warning("Job %s has no ledger row (rolled back?); message dropped", job_id)
-            return None
+            if adopt is None:
+                logger.warning("Job %s has no ledger row; message dropped", job_id)
+                return None
+            try:
+                with transaction.atomic():
+                    adopt.published_at = adopt.enqueued_at = now
+                    adopt.save(force_insert=True)
+            except IntegrityError:  # a concurrent delivery adopted it first
+                logger.info("Job %s adopted by another delivery; dropped", job_id)
+                return None
+            job = adopt
         expired = job.state == JobState.RUNNING and (
             job.lease_expires_at is None or job.lease_expires_at < now
         )

@@ -78,3 +78,12 @@ def test_duplicate_message_of_a_finished_job_is_dropped(worker, unique):
 
     assert [label for _, label in marks(unique)] == ["once", "after"]
     assert Job.objects.get(id=handle.id).deliveries == 2
+
+
+def test_message_sent_by_name_is_adopted_into_the_ledger(worker, unique):
+    result = celery_app.send_task("tests.record", args=[unique, "raw"], queue="default")
+
+    job = wait_until(lambda: Job.objects.filter(id=result.id, state=JobState.SUCCEEDED).first(),
+                     what="the raw message to run")
+    assert job.task_name == "tests.record" and job.args == [unique, "raw"] and job.attempts == 1
+    assert [label for _, label in marks(unique)] == ["raw"]
