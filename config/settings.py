@@ -156,6 +156,8 @@ LOGGING = {
         "mail.log": {"level": "WARNING"},
         "celery.app.trace": {"level": "WARNING"},
         "celery.worker.strategy": {"level": "WARNING"},
+        "weasyprint": {"level": "WARNING"},
+        "fontTools": {"level": "WARNING"},
     },
 }
 
@@ -274,7 +276,9 @@ CELERY_BEAT_SCHEDULE = {
     },
 }
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/"
 # Uploads (videos, CSV imports) larger than this are refused with 413 before they are stored.
 BACKLOT_MAX_UPLOAD_BYTES = int(os.environ.get("BACKLOT_MAX_UPLOAD_BYTES", str(500 * 1024 * 1024)))
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024  # larger uploads stream to a temp file

@@ -5,6 +5,7 @@ from .api import api
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("api/", api.urls),
     path("emails/", include("emails.urls")),
     path("reports/", include("reports.urls")),

@@ -1,5 +1,128 @@
-"""JSON API of reports (django-ninja router mounted in config/api.py)."""
+"""JSON API of reports (django-ninja router mounted at /api/reports/ in config/api.py).
 
-from ninja import Router
+POST / validates the request itself (reports.schemas) so that bad input is a 400 with one
+entry per bad field, in ninja's {"detail": [{"loc", "msg", "type"}]} shape; ninja's own body
+validation would answer 422.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import FileResponse, HttpRequest
+from ninja import Router, Status
+from ninja.errors import HttpError
+
+from . import services
+from .exceptions import ReportInputError, ReportNotReady
+from .models import Report, ReportOrigin
+from .schemas import ErrorOut, ReportCreatedOut, ReportIn, ReportOut, report_input_parse
 
 router = Router(tags=["reports"])
+
+
+def _inline_refs(schema: Any, definitions: dict[str, Any]) -> Any:
+    """The JSON schema with local $refs replaced by their definitions (for openapi_extra)."""
+    if isinstance(schema, dict):
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inline_refs(definitions[ref.removeprefix("#/$defs/")], definitions)
+        return {k: _inline_refs(v, definitions) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [_inline_refs(item, definitions) for item in schema]
+    return schema
+
+
+_REQUEST_SCHEMA = ReportIn.model_json_schema()
+_REQUEST_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": _inline_refs(_REQUEST_SCHEMA, _REQUEST_SCHEMA.get("$defs", {}))
+            }
+        },
+    }
+}
+
+
+def _visible_report(request: HttpRequest, report_id: int) -> Report:
+    report = Report.objects.visible_to(request.auth).filter(pk=report_id).first()
+    if report is None:
+        raise HttpError(404, "No such report")
+    return report
+
+
+@router.post(
+    "/",
+    response={202: ReportCreatedOut, 400: ErrorOut},
+    url_name="report_create",
+    openapi_extra=_REQUEST_BODY,
+    summary="Request a PDF report",
+)
+def report_create(request: HttpRequest) -> Status[dict[str, Any]]:
+    """Accept a report request: 202 with the report and job ids, or 400 naming each bad field.
+
+    Body: {"kind": "operations" | "sales", "params": {"start", "end", "timezone"?},
+    "email_to": [addresses]?}. Nothing is written or enqueued for a bad request.
+    """
+    try:
+        data = json.loads(request.body or b"null")
+    except ValueError:
+        return Status(
+            400,
+            {
+                "detail": [
+                    {"loc": ["body"], "msg": "The body is not valid JSON.", "type": "json_invalid"}
+                ]
+            },
+        )
+    try:
+        parsed = report_input_parse(data)
+    except ReportInputError as exc:
+        return Status(400, {"detail": exc.errors})
+    report, job_id = services.report_request(
+        request=parsed, owner=request.auth, origin=ReportOrigin.API
+    )
+    return Status(
+        202,
+        {
+            "report_id": report.pk,
+            "job_id": job_id,
+            "status_url": report.status_url,
+            "state": report.status,
+        },
+    )
+
+
+@router.get("/{int:report_id}/", response=ReportOut, url_name="report_status")
+def report_detail(request: HttpRequest, report_id: int) -> dict[str, Any]:
+    """A report's state, progress and error; download_url once the PDF is ready.
+
+    Other users' reports are 404 (staff see all).
+    """
+    return services.report_status(report=_visible_report(request, report_id))
+
+
+@router.get(
+    "/{int:report_id}/download",
+    response={200: None, 404: ErrorOut, 409: ErrorOut},
+    url_name="report_download",
+    openapi_extra={
+        "responses": {"200": {"description": "The PDF", "content": {"application/pdf": {}}}}
+    },
+)
+def report_download(request: HttpRequest, report_id: int) -> Any:
+    """The PDF as an attachment (owner or staff only; others get 404); 409 until it is ready."""
+    report = _visible_report(request, report_id)
+    try:
+        handle = services.report_file_open(report=report)
+    except ReportNotReady as exc:
+        return Status(409, {"detail": str(exc)})
+    return FileResponse(
+        handle,
+        as_attachment=True,
+        filename=report.download_filename(),
+        content_type="application/pdf",
+    )

@@ -1,6 +1,11 @@
 """Pages of reports."""
 
-from django.urls import path  # noqa: F401
+from django.urls import path
+
+from . import views
 
 app_name = "reports"
-urlpatterns: list = []
+urlpatterns = [
+    path("", views.report_list, name="list"),
+    path("<int:report_id>/", views.report_page, name="detail"),
+]

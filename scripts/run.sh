@@ -48,6 +48,7 @@ if [[ $was_running -eq 0 ]] && bash scripts/services.sh redis-status "$REDIS_DAT
 fi
 
 .venv/bin/python manage.py migrate --noinput
+.venv/bin/python manage.py seed_demo
 .venv/bin/python manage.py collectstatic --noinput
 .venv/bin/python manage.py ensure_superuser
 

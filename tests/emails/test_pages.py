@@ -11,7 +11,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_pages_need_a_signed_in_user(client):
     response = client.get("/emails/")
-    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+    assert response.status_code == 302 and response["Location"].startswith("/accounts/login/")
 
 
 def test_send_test_email_from_the_page_leads_to_its_job_page(client, admin_user, clean_redis):
@@ -41,3 +41,14 @@ def test_campaign_page_flow(client, admin_user, clean_redis):
 
     page = client.get(response["Location"])
     assert b"Import recipients" in page.content and b"Start sending" in page.content
+
+
+def test_a_regular_user_signs_in_on_the_login_page(client, django_user_model):
+    django_user_model.objects.create_user("plain", password="pw-plain-12345")
+
+    page = client.get("/accounts/login/?next=/emails/")
+    response = client.post("/accounts/login/", {"username": "plain", "password": "pw-plain-12345", "next": "/emails/"})
+
+    assert page.status_code == 200 and b"Sign in" in page.content
+    assert response.status_code == 302 and response["Location"] == "/emails/"
+    assert client.get("/emails/").status_code == 200

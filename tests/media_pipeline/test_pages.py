@@ -48,7 +48,7 @@ def test_pages_need_a_login(client):
     response = client.get("/videos/")
 
     assert response.status_code == 302 and response["Location"].startswith(
-        "/admin/login/?next=/videos/"
+        "/accounts/login/?next=/videos/"
     )
 
 

@@ -1,0 +1,26 @@
+"""Errors the reports app raises on purpose; all derive from jobs.exceptions.BacklotError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs.exceptions import BacklotError
+
+
+class ReportError(BacklotError):
+    """Base class of the reports app's errors."""
+
+
+class ReportInputError(ReportError, ValueError):
+    """A report request that does not validate; `errors` holds one entry per bad field.
+
+    Each entry is {"loc": [...], "msg": str, "type": str}, the shape django-ninja uses.
+    """
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in errors))
+        self.errors = errors
+
+
+class ReportNotReady(ReportError):
+    """The report has no PDF yet (or rendering failed)."""

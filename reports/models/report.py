@@ -1,0 +1,252 @@
+"""The Report row: what was asked for, by whom, and where its PDF is."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+from django.utils import timezone
+
+
+class ReportKind(models.TextChoices):
+    """What a report is about; each kind has its parameters, data and template (reports.kinds)."""
+
+    OPERATIONS = (
+        "operations",
+        "Job operations",
+    )  # the job ledger: queues, tasks, outcomes, dead letters
+    SALES = "sales", "Sales summary"  # the demo shop: revenue, products, regions, channels
+
+
+class ReportStatus(models.TextChoices):
+    """Where a report is in its life."""
+
+    QUEUED = "queued", "Queued"  # accepted; its render job waits for a worker
+    RENDERING = "rendering", "Rendering"  # a worker computes the figures and lays out the PDF
+    READY = "ready", "Ready"  # the PDF is stored and can be downloaded
+    FAILED = "failed", "Failed"  # the render job gave up (see `error`); replaying it renders again
+
+
+class ReportOrigin(models.TextChoices):
+    """Who asked for the report."""
+
+    API = "api", "API"
+    PAGE = "page", "Web page"
+    SCHEDULE = "schedule", "Schedule"
+
+
+FINAL_STATUSES = (ReportStatus.READY, ReportStatus.FAILED)
+
+
+class ReportQuerySet(models.QuerySet["Report"]):
+    def visible_to(self, user: Any) -> ReportQuerySet:
+        """The reports a user may read: their own, or every report for staff."""
+        if getattr(user, "is_staff", False) and getattr(user, "is_active", False):
+            return self
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(owner=user)
+
+    def owned_by(self, user: Any) -> ReportQuerySet:
+        return self.filter(owner=user)
+
+    def ready(self) -> ReportQuerySet:
+        return self.filter(status=ReportStatus.READY)
+
+
+class Report(models.Model):
+    """One requested PDF report; the render job fills in the file and the timings."""
+
+    uid = models.UUIDField(
+        "file token",
+        default=uuid.uuid4,
+        unique=True,
+        editable=False,
+        help_text="Random id that names the PDF file; never derived from user input.",
+    )
+    kind = models.CharField(
+        "kind", max_length=32, choices=ReportKind.choices, help_text="What the report is about."
+    )
+    params = models.JSONField(
+        "parameters",
+        default=dict,
+        blank=True,
+        help_text="Validated parameters of the kind, e.g. the period (start, end, timezone).",
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="reports",
+        verbose_name="owner",
+        help_text=(
+            "User who asked for it; only they and staff may download it. "
+            "Empty for scheduled reports."
+        ),
+    )
+    origin = models.CharField(
+        "origin",
+        max_length=16,
+        choices=ReportOrigin.choices,
+        default=ReportOrigin.API,
+        help_text="API, web page or schedule.",
+    )
+    status = models.CharField(
+        "status",
+        max_length=16,
+        choices=ReportStatus.choices,
+        default=ReportStatus.QUEUED,
+        help_text="Queued, rendering, ready or failed.",
+    )
+    email_to = models.JSONField(
+        "email to",
+        default=list,
+        blank=True,
+        help_text="Addresses the PDF is emailed to once ready (empty: not emailed).",
+    )
+    file = models.FileField(
+        "PDF file",
+        max_length=255,
+        blank=True,
+        help_text="Path of the PDF relative to MEDIA_ROOT (reports/YYYY/MM/<file token>.pdf).",
+    )
+    pages = models.PositiveIntegerField(
+        "pages", null=True, blank=True, help_text="Page count of the PDF."
+    )
+    size_bytes = models.PositiveBigIntegerField(
+        "size (bytes)", null=True, blank=True, help_text="Size of the PDF file."
+    )
+    job_id = models.UUIDField(
+        "render job",
+        null=True,
+        blank=True,
+        help_text="Job (ledger id) that renders the PDF; its progress is the report's progress.",
+    )
+    trigger_job_id = models.UUIDField(
+        "scheduled by job",
+        null=True,
+        blank=True,
+        unique=True,
+        help_text=(
+            "Scheduled job that created the report; unique, so a redelivered run "
+            "adds no second report."
+        ),
+    )
+    error = models.TextField(
+        "error", blank=True, default="", help_text="Why rendering gave up, when it failed."
+    )
+    created_at = models.DateTimeField("created", default=timezone.now, help_text="Requested.")
+    started_at = models.DateTimeField(
+        "started", null=True, blank=True, help_text="A worker started rendering (latest attempt)."
+    )
+    finished_at = models.DateTimeField(
+        "finished", null=True, blank=True, help_text="The PDF was stored, or rendering gave up."
+    )
+    render_seconds = models.FloatField(
+        "render time (s)",
+        null=True,
+        blank=True,
+        help_text="Seconds from loading the figures to the stored PDF.",
+    )
+    emailed_at = models.DateTimeField(
+        "emailed", null=True, blank=True, help_text="The emails with the PDF attached were queued."
+    )
+
+    objects = ReportQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "report"
+        verbose_name_plural = "reports"
+        ordering = ("-created_at", "-id")
+        indexes = [
+            models.Index(fields=["owner", "created_at"], name="report_owner_idx"),
+            models.Index(fields=["status", "created_at"], name="report_status_idx"),
+            models.Index(fields=["kind", "created_at"], name="report_kind_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} #{self.pk} ({self.status})"
+
+    # --- derived --------------------------------------------------------------------------
+    @property
+    def period_label(self) -> str:
+        start, end = self.params.get("start"), self.params.get("end")
+        if not start or not end:
+            return ""
+        return start if start == end else f"{start} to {end}"
+
+    @property
+    def title(self) -> str:
+        label = self.period_label
+        return f"{self.get_kind_display()}, {label}" if label else self.get_kind_display()
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def download_url(self) -> str | None:
+        if self.status != ReportStatus.READY:
+            return None
+        return reverse("api-1:report_download", kwargs={"report_id": self.pk})
+
+    @property
+    def status_url(self) -> str:
+        return reverse("api-1:report_status", kwargs={"report_id": self.pk})
+
+    def download_filename(self) -> str:
+        """File name offered to the browser: kind and period, never anything the user typed."""
+        start, end = self.params.get("start", ""), self.params.get("end", "")
+        period = start if start == end else f"{start}_{end}"
+        return f"backlot-{self.kind}-{period or self.pk}.pdf"
+
+    # --- state changes --------------------------------------------------------------------
+    def mark_queued(self, *, job_id: str) -> None:
+        self.job_id = job_id
+        self.status = ReportStatus.QUEUED
+        self.save(update_fields=["job_id", "status"])
+
+    def mark_rendering(self, *, job_id: str | None = None) -> None:
+        """A worker starts rendering; `job_id` is the job doing it (a replay is a new job)."""
+        self.status = ReportStatus.RENDERING
+        self.started_at = timezone.now()
+        self.error = ""
+        if job_id:
+            self.job_id = job_id
+        self.save(update_fields=["status", "started_at", "error", "job_id"])
+
+    def mark_ready(
+        self, *, file_name: str, pages: int, size_bytes: int, render_seconds: float
+    ) -> None:
+        self.status = ReportStatus.READY
+        self.file.name = file_name
+        self.pages = pages
+        self.size_bytes = size_bytes
+        self.render_seconds = render_seconds
+        self.finished_at = timezone.now()
+        self.error = ""
+        self.save(
+            update_fields=[
+                "status",
+                "file",
+                "pages",
+                "size_bytes",
+                "render_seconds",
+                "finished_at",
+                "error",
+            ]
+        )
+
+    def mark_failed(self, *, error: str) -> None:
+        self.status = ReportStatus.FAILED
+        self.error = error[:2000]
+        self.finished_at = timezone.now()
+        self.save(update_fields=["status", "error", "finished_at"])
+
+    def mark_emailed(self) -> None:
+        self.emailed_at = timezone.now()
+        self.save(update_fields=["emailed_at"])

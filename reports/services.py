@@ -1,0 +1,298 @@
+"""Report work: request, render to PDF, email, schedule, status; views, tasks, tests call it."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from django.core.files.storage import default_storage
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from jobs.effects import effect_once
+from jobs.models import Job
+from jobs.policies import Permanent
+
+from . import conf
+from .exceptions import ReportInputError, ReportNotReady
+from .kinds import kind_spec
+from .models import Report, ReportOrigin, ReportStatus
+from .rendering import pdf_file_name, pdf_write
+from .schemas import ReportRequest, params_parse
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[int, int | None, str], None]
+
+# A person waits for a report they asked for; a scheduled one can wait behind them.
+REQUESTED_PRIORITY = 7
+SCHEDULED_PRIORITY = 4
+EMAIL_TEMPLATE = "report_ready"
+
+
+def report_request(
+    *, request: ReportRequest, owner: Any, origin: str = ReportOrigin.API
+) -> tuple[Report, str]:
+    """Accept a report: write its row and enqueue its render job in one transaction.
+
+    Returns the report and the render job's id. The message is sent after commit.
+    """
+    with transaction.atomic():
+        report = Report.objects.create(
+            kind=request.kind,
+            params=request.params_json(),
+            owner=owner if getattr(owner, "pk", None) else None,
+            origin=origin,
+            email_to=list(request.email_to),
+        )
+        job_id = report_enqueue(report=report, priority=REQUESTED_PRIORITY)
+    logger.info("Report %s (%s) requested; render job %s", report.pk, report.kind, job_id)
+    return report, job_id
+
+
+def report_enqueue(*, report: Report, priority: int = REQUESTED_PRIORITY) -> str:
+    """Enqueue the render job; with recipients, as a chain: render, then email the PDF.
+
+    Call inside the transaction that wrote the report: the messages go out after commit.
+    """
+    from .tasks import report_email_job, report_render_job
+
+    if report.email_to:
+        render = report_render_job.si(report.pk).set(task_id=str(uuid.uuid4()), priority=priority)
+        # The email step runs only once the render succeeded (a failed render breaks the chain).
+        (render | report_email_job.si(report.pk).set(priority=priority)).apply_async()
+        job_id = render.id
+    else:
+        job_id = report_render_job.enqueue(report.pk, owner=report.owner, priority=priority).id
+    report.mark_queued(job_id=job_id)
+    return job_id
+
+
+def report_render(
+    *, report_id: int, progress: Progress | None = None, job_id: str | None = None
+) -> dict[str, Any]:
+    """Compute the report's figures, lay out its template as a PDF and store it.
+
+    A report that is already ready (a redelivered message) is not rendered again. Progress
+    goes through `progress(done, total, message)`, one step per section and per PDF stage.
+    `job_id` (the running job) becomes the report's render job, so that the status follows
+    a replay of a failed render.
+    """
+    report = Report.objects.get(pk=report_id)
+    if (
+        report.status == ReportStatus.READY
+        and report.file
+        and default_storage.exists(report.file.name)
+    ):
+        logger.info("Report %s is already rendered; nothing to do", report_id)
+        return _render_summary(report)
+    spec = kind_spec(report.kind)
+    try:
+        params = params_parse(report.kind, report.params)
+    except ReportInputError as exc:
+        raise Permanent(f"Report {report_id} has invalid parameters: {exc}") from None
+
+    report.mark_rendering(job_id=job_id)
+    total = len(spec.sections) + 3  # sections, then HTML, layout, PDF file
+    done = 0
+
+    def step(message: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, message)
+
+    started = time.monotonic()
+    if progress is not None:
+        progress(0, total, "computing figures")
+    context = spec.build(params, lambda section: step(f"computed {section}"))
+    html = render_to_string(
+        spec.template,
+        {**context, "report": report, "params": params, "kind_title": spec.title},
+    )
+    step("rendered HTML")
+    created = report.created_at
+    pdf = pdf_write(
+        html=html,
+        name=pdf_file_name(token=report.uid, year=created.year, month=created.month),
+        on_step=step,
+    )
+    seconds = time.monotonic() - started
+    report.mark_ready(
+        file_name=pdf.name, pages=pdf.pages, size_bytes=pdf.size_bytes, render_seconds=seconds
+    )
+    logger.info(
+        "Report %s rendered: %s pages, %s bytes in %.2fs",
+        report_id,
+        pdf.pages,
+        pdf.size_bytes,
+        seconds,
+    )
+    return _render_summary(report)
+
+
+def _render_summary(report: Report) -> dict[str, Any]:
+    return {
+        "report_id": report.pk,
+        "file": report.file.name,
+        "pages": report.pages,
+        "size_bytes": report.size_bytes,
+        "render_seconds": report.render_seconds,
+    }
+
+
+def report_render_failed(*, report_id: int, error: str) -> None:
+    """The render job gave up: the report is failed unless it was rendered meanwhile."""
+    report = Report.objects.filter(pk=report_id).exclude(status=ReportStatus.READY).first()
+    if report is not None:
+        report.mark_failed(error=error)
+
+
+def _recipient_key(report: Report, address: str) -> str:
+    # The effect key names the recipient by a hash: no addresses in the effects table.
+    digest = hashlib.sha256(address.strip().lower().encode()).hexdigest()[:24]
+    return f"report-email:{report.uid.hex}:{digest}"
+
+
+def report_email(*, report_id: int) -> int:
+    """Queue one email with the PDF attached per recipient; returns how many were queued now.
+
+    Each recipient's email is queued once: a rerun of this step (redelivery, replay) skips
+    the addresses whose email was already accepted.
+    """
+    from emails.services import email_queue
+
+    report = Report.objects.select_related("owner").get(pk=report_id)
+    if report.status != ReportStatus.READY or not report.file:
+        raise Permanent(f"Report {report_id} is {report.status}: there is no PDF to email")
+    context = {
+        "title": kind_spec(report.kind).title,
+        "period": report.period_label,
+        "pages": report.pages,
+        "report_id": report.pk,
+    }
+    queued = 0
+    for address in report.email_to:
+        with effect_once(_recipient_key(report, address)) as effect:
+            if effect.done:
+                continue
+            email_queue(
+                to=address,
+                template=EMAIL_TEMPLATE,
+                context=context,
+                subject=f"{kind_spec(report.kind).title}: {report.period_label}",
+                attachments=[report.file.name],
+                owner=report.owner,
+            )
+            queued += 1
+    if report.emailed_at is None:
+        report.mark_emailed()
+    logger.info(
+        "Report %s: %s email(s) queued, %s recipient(s) in all",
+        report_id,
+        queued,
+        len(report.email_to),
+    )
+    return queued
+
+
+def report_schedule_run(
+    *,
+    kind: str,
+    days: int,
+    zone: str,
+    trigger_job_id: str | None,
+    recipients: Sequence[str] | None = None,
+) -> Report:
+    """A scheduled report: the last `days` whole days before today (in `zone`), then rendered
+    and emailed to the configured recipients.
+
+    Keyed by the scheduling job's id: a redelivered run returns the report it already made.
+    """
+    today = timezone.now().astimezone(ZoneInfo(zone)).date()
+    end = today - timedelta(days=1)
+    start = end - timedelta(days=max(1, days) - 1)
+    try:
+        params = params_parse(
+            kind, {"start": start.isoformat(), "end": end.isoformat(), "timezone": zone}
+        )
+    except ReportInputError as exc:
+        raise Permanent(f"Schedule for {kind!r} has invalid parameters: {exc}") from None
+    recipients = conf.report_recipients() if recipients is None else list(recipients)
+    try:
+        with transaction.atomic():
+            report = Report.objects.create(
+                kind=kind,
+                params=params.model_dump(mode="json"),
+                origin=ReportOrigin.SCHEDULE,
+                email_to=recipients,
+                trigger_job_id=trigger_job_id,
+            )
+            report_enqueue(report=report, priority=SCHEDULED_PRIORITY)
+    except IntegrityError:
+        report = Report.objects.get(trigger_job_id=trigger_job_id)
+        logger.info("Scheduled run %s already created report %s", trigger_job_id, report.pk)
+        return report
+    logger.info(
+        "Scheduled %s report %s for %s, %s recipient(s)",
+        kind,
+        report.pk,
+        params.label,
+        len(recipients),
+    )
+    return report
+
+
+def report_status(*, report: Report) -> dict[str, Any]:
+    """The status document of a report, with its render job's progress."""
+    job = Job.objects.filter(id=report.job_id).first() if report.job_id else None
+    if report.status == ReportStatus.READY:
+        progress = {"done": 1, "total": 1, "percent": 100.0, "message": "ready"}
+    elif job is not None:
+        progress = {
+            "done": job.progress_done,
+            "total": job.progress_total,
+            "percent": job.progress_percent,
+            "message": job.progress_message,
+        }
+    else:
+        progress = {"done": 0, "total": None, "percent": None, "message": ""}
+    error = report.error or (job.error if job is not None and job.error else "")
+    return {
+        "report_id": report.pk,
+        "kind": report.kind,
+        "title": report.title,
+        "params": report.params,
+        "state": report.status,
+        "progress": progress,
+        "error": error or None,
+        "job_id": str(report.job_id) if report.job_id else None,
+        "job_state": job.state if job is not None else None,
+        "attempts": job.attempts if job is not None else None,
+        "max_attempts": job.max_attempts if job is not None else None,
+        "created_at": report.created_at,
+        "started_at": report.started_at,
+        "finished_at": report.finished_at,
+        "render_seconds": report.render_seconds,
+        "pages": report.pages,
+        "size_bytes": report.size_bytes,
+        "emailed_at": report.emailed_at,
+        "download_url": report.download_url,
+    }
+
+
+def report_file_open(*, report: Report) -> Any:
+    """The stored PDF, opened for reading; ReportNotReady when there is none."""
+    if report.status != ReportStatus.READY or not report.file:
+        raise ReportNotReady(f"Report {report.pk} is {report.status}")
+    try:
+        return default_storage.open(report.file.name, "rb")
+    except FileNotFoundError:
+        raise ReportNotReady(f"Report {report.pk}'s file is missing") from None

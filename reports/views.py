@@ -1,0 +1,46 @@
+"""Pages of reports: request one and list yours; follow one and download it."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods
+
+from . import services
+from .forms import ReportRequestForm
+from .models import Report, ReportOrigin
+
+REPORTS_PER_PAGE = 20
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def report_list(request: HttpRequest) -> HttpResponse:
+    if request.method == "POST":
+        form = ReportRequestForm(request.POST)
+        if form.is_valid() and form.report_request is not None:
+            report, _ = services.report_request(
+                request=form.report_request, owner=request.user, origin=ReportOrigin.PAGE
+            )
+            messages.success(request, f"Report #{report.pk} is queued; this page follows it.")
+            return redirect("reports:detail", report_id=report.pk)
+    else:
+        form = ReportRequestForm(initial=ReportRequestForm.initial_values())
+    page = Paginator(Report.objects.owned_by(request.user), REPORTS_PER_PAGE).get_page(
+        request.GET.get("page")
+    )
+    return render(request, "reports/list.html", {"form": form, "page": page})
+
+
+@login_required
+@require_http_methods(["GET"])
+def report_page(request: HttpRequest, report_id: int) -> HttpResponse:
+    report = get_object_or_404(Report.objects.visible_to(request.user), pk=report_id)
+    return render(
+        request,
+        "reports/detail.html",
+        {"report": report, "status": services.report_status(report=report)},
+    )
