@@ -73,8 +73,8 @@ def job_status(job: Job) -> dict[str, Any]:
         "scheduled_for": job.scheduled_for,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
-        "queue_wait_seconds": job.queue_wait,
-        "run_seconds": job.run_seconds,
+        "queue_wait_seconds": None if job.queue_wait is None else round(job.queue_wait, 3),
+        "run_seconds": None if job.run_seconds is None else round(job.run_seconds, 3),
     }
 
 

@@ -46,6 +46,8 @@ bash scripts/services.sh postgres-up "$TEST_PG_DATA" "$TEST_PG_PORT"
 missing=()
 command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
 ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0 || missing+=(libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core)
+# tests/system/test_browser.py launches exactly /usr/bin/chromium (Debian's; never `playwright install`).
+[[ -x /usr/bin/chromium ]] || missing+=(chromium fonts-dejavu-core)
 if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
 
 export DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot"
