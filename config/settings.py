@@ -176,7 +176,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # longest countdown Redis may hold (jobs.E002 checks the longest countdown Redis may hold against it).
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "7200")),
     # Bounded waits so an enqueue against a dead or frozen Redis fails fast into the ledger.
-    "socket_timeout": 5,
+    "socket_timeout": 2,
     "socket_connect_timeout": 2,
     "retry_on_timeout": False,
     "health_check_interval": 25,
@@ -208,6 +208,11 @@ CELERY_RESULT_EXPIRES = int(os.environ.get("CELERY_RESULT_EXPIRES", str(7 * 24 *
 CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "1800"))
 CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", "1740"))
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# SIGTERM (a deploy): running jobs get this many seconds to finish and be acked; the rest are
+# cancelled, their claims released and their messages requeued (acks_late) to run elsewhere.
+# https://docs.celeryq.dev/en/stable/userguide/workers.html#soft-shutdown
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(os.environ.get("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", "30"))
+CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 BACKLOT_QUEUES = ("default", "emails", "reports", "media")
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_QUEUES = [

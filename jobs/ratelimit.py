@@ -75,7 +75,7 @@ class Decision:
 def redis_client() -> redis.Redis:
     """The platform's Redis connection pool (redis-py resets it in forked children)."""
     return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=5, socket_connect_timeout=2, health_check_interval=25
+        settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2, health_check_interval=25
     )
 
 

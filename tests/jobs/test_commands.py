@@ -114,3 +114,16 @@ def test_degraded_health_alerts_once_and_announces_recovery(clean_redis, setting
     recovered = alerts_check()["recovered"]
     assert any("reports" in cause for cause in recovered)
     assert any("jobs recovered" in m.subject for m in mail.outbox)
+
+
+def test_relay_once_publishes_the_outbox(clean_redis):
+    from jobs.monitoring import broker_queue_keys
+
+    handle = tasks.prioritized.enqueue("k", "a")
+    Job.objects.filter(id=handle.id).update(published_at=None, enqueued_at=timezone.now() - timedelta(minutes=1))
+    redis_client().delete(*broker_queue_keys("reports"))  # the message never made it
+
+    out = run("relay", "--once")
+
+    assert "relay: published 1 job(s)" in out
+    assert sum(redis_client().llen(k) for k in broker_queue_keys("reports")) == 1

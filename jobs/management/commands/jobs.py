@@ -42,6 +42,9 @@ class Command(BaseCommand):
             action.add_argument("--dry-run", action="store_true", help="Only say what would happen.")
         purge = sub.add_parser("purge", help="Apply retention now.")
         purge.add_argument("--dry-run", action="store_true")
+        relay = sub.add_parser("relay", help="Publish the outbox until stopped (a process of its own).")
+        relay.add_argument("--interval", type=float, default=1.0, help="Seconds between sweeps.")
+        relay.add_argument("--once", action="store_true", help="One sweep, then exit.")
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         getattr(self, f"do_{action}")(**options)
@@ -119,11 +122,43 @@ class Command(BaseCommand):
         services.audit(user=None, action="discard-cli", count=count, filters=filters)
         self.stdout.write(f"Discarded {count} dead letter(s).")
 
+    # --- relay --------------------------------------------------------------------------
+    def do_relay(self, interval: float = 1.0, once: bool = False, **_: Any) -> None:
+        """Publish what the ledger holds back (outbox, due jobs, expired leases), every second."""
+        _relay_loop(interval, once, self.stdout)
+
     # --- purge --------------------------------------------------------------------------
     def do_purge(self, dry_run: bool = False, **_: Any) -> None:
         counts = retention_purge(dry_run=dry_run)
         verb = "Would delete" if dry_run else "Deleted"
         self.stdout.write(f"{verb}: " + ", ".join(f"{n} {kind}" for kind, n in counts.items()))
+
+
+def _relay_loop(interval: float, once: bool, out: Any) -> None:
+    import signal
+
+    from django.db import close_old_connections
+
+    stopping = False
+
+    def stop(*_: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while not stopping:
+        close_old_connections()
+        try:
+            sent = services.job_relay()
+        except Exception as exc:  # the database is away: try again next sweep
+            out.write(f"relay: sweep failed ({type(exc).__name__}); retrying")
+            sent = 0
+        if sent:
+            out.write(f"relay: published {sent} job(s)")
+        if once:
+            return
+        time.sleep(interval)
 
 
 def _json(data: Any) -> str:
