@@ -27,3 +27,14 @@ def mask_value(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: mask_value(item) for key, item in value.items()}
     return value
+
+
+# Message headers carry a readable copy of the arguments for Flower and logs; keep it short
+# (Redis holds one per queued job) and free of personal data.
+REPR_LIMIT = 120
+
+
+def message_repr(value: Any) -> str:
+    """Short, masked repr of job arguments for the message's argsrepr/kwargsrepr headers."""
+    text = mask_text(repr(value))
+    return text if len(text) <= REPR_LIMIT else text[: REPR_LIMIT - 1] + "…"

@@ -33,6 +33,7 @@ from .models import (
     Job,
     JobState,
 )
+from .masking import message_repr
 from .payload import payload_check
 
 if TYPE_CHECKING:
@@ -215,6 +216,7 @@ def _publish_many(*, task: PlatformTask, jobs: list[Job]) -> None:
                 task.apply_async(
                     job.args, job.kwargs, task_id=str(job.id), queue=job.queue,
                     priority=broker_priority(job.priority), producer=producer,
+                    argsrepr=message_repr(job.args), kwargsrepr=message_repr(job.kwargs),
                     _backlot_internal=True,
                 )
                 published.append(job.id)
@@ -304,6 +306,8 @@ def job_publish(
             queue=job.queue,
             priority=broker_priority(job.priority),
             eta=eta,
+            argsrepr=message_repr(job.args),
+            kwargsrepr=message_repr(job.kwargs),
             _backlot_internal=True,
             **{**(job.publish_options or {}), **dict(options or {})},
         )

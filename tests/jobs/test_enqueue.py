@@ -134,3 +134,14 @@ def test_key_of_a_dead_job_can_be_enqueued_again(clean_redis):
 def test_untracked_jobs_refuse_idempotency_keys(clean_redis):
     with pytest.raises(ValueError, match="track=False"):
         tasks.record_untracked.enqueue("k", idempotency_key="x")
+
+
+def test_message_headers_carry_only_a_short_masked_copy_of_the_arguments(clean_redis):
+    import json as jsonlib
+
+    tasks.prioritized.enqueue("jane.doe@example.com", label="x" * 500)
+
+    raw = redis_client().lrange(broker_queue_keys("reports")[4], 0, -1)[0]
+    headers = jsonlib.loads(raw)["headers"]
+    assert "jane.doe@" not in headers["argsrepr"] and "j***@example.com" in headers["argsrepr"]
+    assert len(headers["kwargsrepr"]) <= 120
