@@ -7,21 +7,15 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
+from jobs.admin import ReadOnlyAdmin
 from jobs.masking import mask_email
 
 from .models import Campaign, CampaignRecipient, EmailMessage, RecipientImport
 
 
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(EmailMessage)
-class EmailMessageAdmin(ReadOnly):
+class EmailMessageAdmin(ReadOnlyAdmin):
     list_display = ("pk", "masked_to", "subject", "template", "status", "attempts", "created_at", "sent_at")
     list_filter = ("status", "template")
     search_fields = ("=uid", "=job_id")
@@ -34,13 +28,13 @@ class EmailMessageAdmin(ReadOnly):
 
 
 @admin.register(Campaign)
-class CampaignAdmin(ReadOnly):
+class CampaignAdmin(ReadOnlyAdmin):
     list_display = ("name", "status", "template", "created_at", "started_at")
     list_filter = ("status",)
 
 
 @admin.register(CampaignRecipient)
-class CampaignRecipientAdmin(ReadOnly):
+class CampaignRecipientAdmin(ReadOnlyAdmin):
     list_display = ("pk", "campaign", "masked_email")
     list_filter = ("campaign",)
     exclude = ("email", "name", "data")
@@ -51,6 +45,6 @@ class CampaignRecipientAdmin(ReadOnly):
 
 
 @admin.register(RecipientImport)
-class RecipientImportAdmin(ReadOnly):
+class RecipientImportAdmin(ReadOnlyAdmin):
     list_display = ("pk", "campaign", "status", "rows_read", "imported", "duplicates", "skipped", "created_at")
     list_filter = ("status",)

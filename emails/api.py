@@ -49,9 +49,6 @@ class EmailOut(Schema):
     error: str
 
 
-def _owned(request: HttpRequest, queryset: Any) -> Any:
-    user = request.auth
-    return queryset if user.is_staff else queryset.filter(owner=user)
 
 
 def _bad_request(exc: Exception) -> HttpError:
@@ -73,7 +70,7 @@ def email_create(request: HttpRequest, payload: EmailIn) -> Status:
 
 @router.get("/emails/{email_id}/", response=EmailOut, url_name="email_detail")
 def email_detail(request: HttpRequest, email_id: int) -> dict[str, Any]:
-    message = get_object_or_404(_owned(request, EmailMessage.objects.all()), pk=email_id)
+    message = get_object_or_404(EmailMessage.objects.visible_to(request.auth), pk=email_id)
     return {
         "email_id": message.pk, "status": message.status, "attempts": message.attempts,
         "subject": message.subject, "job_id": str(message.job_id) if message.job_id else None,
@@ -137,12 +134,12 @@ def campaign_create(request: HttpRequest, payload: CampaignIn) -> Status:
 @router.get("/campaigns/{campaign_id}/", response=CampaignOut, url_name="campaign_detail")
 def campaign_detail(request: HttpRequest, campaign_id: int) -> dict[str, Any]:
     """A campaign's progress: sent, failed and pending recipients."""
-    return _campaign_out(get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id))
+    return _campaign_out(get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id))
 
 
 @router.post("/campaigns/{campaign_id}/start", response={202: CampaignOut}, url_name="campaign_start")
 def campaign_start(request: HttpRequest, campaign_id: int) -> Status:
-    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
     try:
         services.campaign_start(campaign=campaign, owner=request.auth)
     except services.EmailError as exc:
@@ -170,7 +167,7 @@ class ImportOut(Schema):
              url_name="recipients_import")
 def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)) -> Status:
     """Upload a CSV (header: email, name, ...); it is imported in the background."""
-    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
     if file.size and file.size > settings.BACKLOT_MAX_UPLOAD_BYTES:
         raise HttpError(413, f"The file is {file.size} bytes; the limit is {settings.BACKLOT_MAX_UPLOAD_BYTES}.")
     row, handle = services.recipients_import_create(campaign=campaign, upload=file, owner=request.auth)
@@ -180,7 +177,7 @@ def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile
 @router.get("/campaigns/{campaign_id}/imports/{import_id}/", response=ImportOut, url_name="import_detail")
 def import_detail(request: HttpRequest, campaign_id: int, import_id: int) -> dict[str, Any]:
     row = get_object_or_404(
-        RecipientImport.objects.filter(campaign__in=_owned(request, Campaign.objects.all())),
+        RecipientImport.objects.filter(campaign__in=Campaign.objects.visible_to(request.auth)),
         pk=import_id, campaign_id=campaign_id,
     )
     return {

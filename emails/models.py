@@ -11,6 +11,16 @@ from django.db.models import Count
 from django.utils import timezone
 
 
+class OwnedQuerySet(models.QuerySet):
+    def visible_to(self, user: Any) -> OwnedQuerySet:
+        """Rows a user may see: their own, or all of them for staff."""
+        if getattr(user, "is_staff", False):
+            return self
+        if not getattr(user, "is_authenticated", False):
+            return self.none()
+        return self.filter(owner=user)
+
+
 class EmailStatus(models.TextChoices):
     """Where a message is on its way out."""
 
@@ -56,6 +66,8 @@ class EmailMessage(models.Model):
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Accepted.")
     sent_at = models.DateTimeField("sent", null=True, blank=True, help_text="Accepted by the server.")
 
+    objects = OwnedQuerySet.as_manager()
+
     class Meta:
         verbose_name = "email message"
         verbose_name_plural = "email messages"
@@ -96,6 +108,8 @@ class Campaign(models.Model):
     job_id = models.UUIDField("fan-out job", null=True, blank=True, help_text="The fan-out job.")
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Created.")
     started_at = models.DateTimeField("started", null=True, blank=True, help_text="Fan-out began.")
+
+    objects = OwnedQuerySet.as_manager()
 
     class Meta:
         verbose_name = "campaign"

@@ -36,8 +36,6 @@ class ImportForm(forms.Form):
     file = forms.FileField(label="CSV file (columns: email, name, …)")
 
 
-def _owned(request: HttpRequest, queryset):  # type: ignore[no-untyped-def]
-    return queryset if request.user.is_staff else queryset.filter(owner=request.user)
 
 
 @login_required
@@ -57,8 +55,8 @@ def index(request: HttpRequest) -> HttpResponse:
     return render(request, "emails/pages/index.html", {
         "form": form,
         "campaign_form": CampaignForm(),
-        "campaigns": _owned(request, Campaign.objects.all())[:20],
-        "recent": _owned(request, EmailMessage.objects.filter(recipient__isnull=True))[:10],
+        "campaigns": Campaign.objects.visible_to(request.user)[:20],
+        "recent": EmailMessage.objects.visible_to(request.user).filter(recipient__isnull=True)[:10],
     })
 
 
@@ -79,7 +77,7 @@ def campaign_create(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
-    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.user), pk=campaign_id)
     form = ImportForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         upload = form.cleaned_data["file"]
@@ -98,7 +96,7 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def campaign_start(request: HttpRequest, campaign_id: int) -> HttpResponse:
-    campaign = get_object_or_404(_owned(request, Campaign.objects.all()), pk=campaign_id)
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.user), pk=campaign_id)
     try:
         services.campaign_start(campaign=campaign, owner=request.user)
         messages.success(request, "Campaign started.")
