@@ -373,6 +373,10 @@ def job_claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) ->
     an unsaved row describing it, is inserted and claimed.
     """
     now = timezone.now()
+    claimed = _claim_in_one_statement(job_id=job_id, now=now, lease_seconds=lease_seconds)
+    if claimed is not None:
+        return claimed
+    # Not claimable as it stands: find out why (missing, duplicate, early) under a row lock.
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
@@ -420,6 +424,43 @@ def job_claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) ->
         )
         Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
     return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures))
+
+
+_CLAIM_SQL = """
+UPDATE {table} SET state = %s, attempts = attempts + 1, deliveries = deliveries + 1,
+    started_at = COALESCE(started_at, %s), last_started_at = %s, lease_expires_at = %s
+WHERE id = %s AND (
+    state = %s
+    OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
+    OR (state = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)))
+RETURNING attempts, max_attempts, failures
+"""
+
+
+def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float) -> Claim | None:
+    """The common case in one UPDATE … RETURNING (PostgreSQL, SQLite ≥ 3.35): no transaction,
+    no SELECT FOR UPDATE, one round trip. None when the job is not claimable as it stands."""
+    connection = transaction.get_connection()
+    fields = {f.name: f for f in Job._meta.fields}
+
+    def at(value: datetime) -> Any:
+        return fields["started_at"].get_db_prep_value(value, connection)
+
+    params = [
+        JobState.RUNNING, at(now), at(now), at(now + timedelta(seconds=lease_seconds)),
+        fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), connection),
+        JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING, at(now + EARLY_TOLERANCE),
+        JobState.RUNNING, at(now),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(table=connection.ops.quote_name(Job._meta.db_table)), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    attempts, max_attempts, failures = row
+    if isinstance(failures, (str, bytes)):
+        failures = json.loads(failures)
+    return Claim(str(job_id), attempts, max_attempts, list(failures or []))
 
 
 def job_succeeded(*, job_id: str, attempt: int, run_seconds: float) -> bool:
