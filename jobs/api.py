@@ -17,7 +17,7 @@ from .models import Job, JobState
 router = Router(tags=["jobs"])
 
 
-class ProgressOut(Schema):
+class JobProgressOut(Schema):
     done: int
     total: int | None
     percent: float | None
@@ -30,7 +30,7 @@ class JobOut(Schema):
     state: str
     queue: str
     priority: int
-    progress: ProgressOut
+    progress: JobProgressOut
     result: Any = None
     error: str | None = None
     attempts: int

@@ -26,7 +26,7 @@ router = Router(tags=["videos"])
 LIST_LIMIT = 100
 
 
-class ErrorOut(Schema):
+class VideoErrorOut(Schema):
     detail: str
 
 
@@ -37,7 +37,7 @@ class VideoAccepted(Schema):
     job_status_url: str
 
 
-class ProgressOut(Schema):
+class VideoProgressOut(Schema):
     percent: float
     done: int
     total: int
@@ -66,7 +66,7 @@ class VideoOut(Schema):
     width: int | None
     height: int | None
     error: str | None
-    progress: ProgressOut
+    progress: VideoProgressOut
     renditions: list[RenditionOut]
     job_id: str | None
     created_at: datetime
@@ -137,7 +137,7 @@ def upload_limited(run: Callable[..., HttpResponse]) -> Callable[..., HttpRespon
 
 @router.post(
     "/",
-    response={202: VideoAccepted, 400: ErrorOut, 413: ErrorOut},
+    response={202: VideoAccepted, 400: VideoErrorOut, 413: VideoErrorOut},
     url_name="video_create",
 )
 @decorate_view(upload_limited)

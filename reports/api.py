@@ -17,7 +17,7 @@ from ninja.errors import HttpError
 from . import services
 from .exceptions import ReportInputError, ReportNotReady
 from .models import Report, ReportOrigin
-from .schemas import ErrorOut, ReportCreatedOut, ReportIn, ReportOut, report_input_parse
+from .schemas import ReportErrorOut, ReportCreatedOut, ReportIn, ReportOut, report_input_parse
 
 router = Router(tags=["reports"])
 
@@ -56,7 +56,7 @@ def _visible_report(request: HttpRequest, report_id: int) -> Report:
 
 @router.post(
     "/",
-    response={202: ReportCreatedOut, 400: ErrorOut},
+    response={202: ReportCreatedOut, 400: ReportErrorOut},
     url_name="report_create",
     openapi_extra=_REQUEST_BODY,
     summary="Request a PDF report",
@@ -107,7 +107,7 @@ def report_detail(request: HttpRequest, report_id: int) -> dict[str, Any]:
 
 @router.get(
     "/{int:report_id}/download",
-    response={200: None, 404: ErrorOut, 409: ErrorOut},
+    response={200: None, 404: ReportErrorOut, 409: ReportErrorOut},
     url_name="report_download",
     openapi_extra={
         "responses": {"200": {"description": "The PDF", "content": {"application/pdf": {}}}}

@@ -245,7 +245,7 @@ class FieldError(Schema):
     type: str
 
 
-class ErrorOut(Schema):
+class ReportErrorOut(Schema):
     detail: list[FieldError] | str
 
 
@@ -256,7 +256,7 @@ class ReportCreatedOut(Schema):
     state: str
 
 
-class ProgressOut(Schema):
+class ReportProgressOut(Schema):
     done: int
     total: int | None
     percent: float | None
@@ -269,7 +269,7 @@ class ReportOut(Schema):
     title: str
     params: dict[str, Any]
     state: str
-    progress: ProgressOut
+    progress: ReportProgressOut
     error: str | None
     job_id: str | None
     job_state: str | None

@@ -1,0 +1,117 @@
+"""The JSON API against its own /api/openapi.json (schemathesis): no 5xx, no off-schema answer.
+
+The schema and every request go through the Django WSGI app in this process, on the real
+PostgreSQL test database and Redis, as a fresh non-staff user with a bearer token. The fuzz
+sends ~25 generated requests per operation, valid and invalid, multipart uploads included
+(schemathesis generates the file parts: the video and CSV endpoints store and enqueue them
+like any upload); the whole file runs in well under 90 s. Generated ids rarely name an existing
+row, so a second test checks each documented answer once more with real objects of the user.
+
+Checks are `not_a_server_error` and `response_schema_conformance`: an answer whose status code
+the schema documents must match the documented body. (Undocumented statuses, such as ninja's
+422 or a 404, are not held against the API here.)
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+import hypothesis
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import FailureGroup
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
+import config.wsgi
+
+EXAMPLES_PER_OPERATION = 25
+CHECKS = [not_a_server_error, response_schema_conformance]
+
+# Loaded at collection: building the schema touches neither the database nor Redis.
+# (schemathesis.pytest.from_fixture would load it lazily, but 4.32 sets Node._nodeid, which
+# pytest 9.2 no longer has: "'Function' object has no attribute '_nodeid'".)
+schema = schemathesis.openapi.from_wsgi("/api/openapi.json", config.wsgi.application)
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # schemathesis' WSGI transport reads the body but never closes the response, so Django does
+    # not close the request's uploaded temporary files, which the upload moved into MEDIA_ROOT:
+    # their finalizer then fails to unlink them. A harness artefact, not an API answer.
+    pytest.mark.filterwarnings(
+        "ignore:Exception ignored in. <function _TemporaryFileCloser"
+        ":pytest.PytestUnraisableExceptionWarning"
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def fuzz_media(settings: Any, tmp_path: Any) -> Iterator[None]:
+    """Uploads land in a temporary MEDIA_ROOT."""
+    settings.MEDIA_ROOT = tmp_path / "media"
+    yield
+    gc.collect()  # the unclosed uploads' finalizers run here, under the filter above
+
+
+@hypothesis.settings(
+    max_examples=EXAMPLES_PER_OPERATION,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
+@schema.parametrize()
+def test_every_generated_request_gets_no_5xx_and_a_documented_body(case, api_token, clean_redis):
+    case.call_and_validate(headers={"Authorization": f"Bearer {api_token}"}, checks=CHECKS)
+
+
+def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
+    auth = {"Authorization": f"Bearer {api_token}"}
+    called: set[tuple[str, str]] = set()
+    mismatches: list[str] = []
+
+    def send(method: str, path: str, status: int, **data: Any) -> Any:
+        case = schema[path][method].Case(**data)
+        response = case.call(headers=auth)
+        called.add((method, path))
+        assert response.status_code == status, f"{method} {path}: {response.text}"
+        try:
+            case.validate_response(response, checks=CHECKS)
+        except FailureGroup as exc:
+            mismatches.append(f"{method} {path} ({data}) -> {response.text}\n{exc}")
+        return response.json() if "json" in response.headers.get("content-type", [""])[0] else None
+
+    # given one object of each kind, made through the API by the token's user
+    email = send("POST", "/api/emails/", 202, media_type="application/json",
+                 body={"to": "real.object@example.com", "template": "test"})
+    campaign = send("POST", "/api/campaigns/", 201, media_type="application/json",
+                    body={"name": "Security check", "recipients": [{"email": "ro@example.com"}]})
+    ids = {"campaign_id": campaign["campaign_id"]}
+    recipients = send("POST", "/api/campaigns/{campaign_id}/recipients/import", 202,
+                      path_parameters=ids, media_type="multipart/form-data",
+                      body={"file": b"email,name\nrecipient.two@example.com,Two\n"})
+    send("POST", "/api/campaigns/{campaign_id}/start", 202, path_parameters=ids)
+    period = {"start": "2025-01-01", "end": "2025-01-07"}
+    report = send("POST", "/api/reports/", 202, media_type="application/json",
+                  body={"kind": "operations", "params": period})
+    video = send("POST", "/api/videos/", 202, media_type="multipart/form-data",
+                 body={"file": b"probed later by the worker"})
+
+    # when each is read back, then every documented answer matches its schema
+    send("GET", "/api/jobs/{job_id}/", 200, path_parameters={"job_id": email["job_id"]})
+    send("GET", "/api/emails/{email_id}/", 200, path_parameters={"email_id": email["email_id"]})
+    send("GET", "/api/campaigns/{campaign_id}/", 200, path_parameters=ids)
+    send("GET", "/api/campaigns/{campaign_id}/imports/{import_id}/", 200,
+         path_parameters={**ids, "import_id": recipients["import_id"]})
+    report_ids = {"report_id": report["report_id"]}
+    send("GET", "/api/reports/{report_id}/", 200, path_parameters=report_ids)
+    send("GET", "/api/reports/{report_id}/download", 409, path_parameters=report_ids)
+    send("GET", "/api/videos/", 200)
+    send("GET", "/api/videos/{video_id}/", 200, path_parameters={"video_id": video["video_id"]})
+
+    documented = {
+        (result.ok().method.upper(), result.ok().path) for result in schema.get_all_operations()
+    }
+    assert documented - called == set(), "an operation is not checked here: add it"
+    assert not mismatches, "\n\n".join(mismatches)
