@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
 
 from jobs.admin import ReadOnlyAdmin
 from jobs.masking import mask_email

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import File, Router, Schema, Status
+from ninja.decorators import decorate_view
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 from pydantic import EmailStr, Field
 
 from jobs.exceptions import InvalidPayload
+from jobs.uploads import upload_limited
 
 from . import services
 from .models import Campaign, EmailMessage, RecipientImport
@@ -165,11 +166,13 @@ class ImportOut(Schema):
 
 @router.post("/campaigns/{campaign_id}/recipients/import", response={202: ImportAccepted},
              url_name="recipients_import")
+@decorate_view(upload_limited)
 def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)) -> Status:
-    """Upload a CSV (header: email, name, ...); it is imported in the background."""
+    """Upload a CSV (header: email, name, ...); it is imported in the background.
+
+    A file over BACKLOT_MAX_UPLOAD_BYTES is refused with 413 while it is read; nothing is kept.
+    """
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
-    if file.size and file.size > settings.BACKLOT_MAX_UPLOAD_BYTES:
-        raise HttpError(413, f"The file is {file.size} bytes; the limit is {settings.BACKLOT_MAX_UPLOAD_BYTES}.")
     row, handle = services.recipients_import_create(campaign=campaign, upload=file, owner=request.auth)
     return Status(202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url})
 

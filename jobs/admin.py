@@ -27,7 +27,7 @@ from . import services
 from .dashboard import dashboard_json, dashboard_view
 from .exceptions import BacklotError, InvalidPayload
 from .masking import mask_value
-from .models import AuditEntry, DeadLetter, DeadLetterStatus, Job
+from .models import AuditEntry, DeadLetter, Job
 from .payload import payload_check
 
 # Beyond this many rows the changelist shows an estimate instead of COUNT(*): counting a

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
 from datetime import datetime
-from functools import wraps
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest
 from django.urls import reverse
 from ninja import File, Form, Router, Schema, Status
 from ninja.decorators import decorate_view
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
 
+from jobs.uploads import upload_limited
+
 from . import services
 from .exceptions import InvalidUpload, UploadTooLarge
 from .models import RenditionStatus, Video
-from .uploads import UploadCheck, limit_upload
 
 router = Router(tags=["videos"])
 
@@ -112,27 +111,6 @@ def video_status(video: Video) -> dict[str, Any]:
         "created_at": video.created_at,
         "finished_at": video.finished_at,
     }
-
-
-def _too_large(check: UploadCheck) -> JsonResponse:
-    size = check.declared if check.refused_unread else None
-    return JsonResponse(
-        {"detail": services.upload_limit_message(size=size, limit=check.limit)}, status=413
-    )
-
-
-def upload_limited(run: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Apply the upload limit before ninja (or its CSRF check) reads the multipart body."""
-
-    @wraps(run)
-    def limited(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        check = limit_upload(request)
-        if check.refused_unread:
-            return _too_large(check)
-        response = run(request, *args, **kwargs)
-        return _too_large(check) if check.too_large else response
-
-    return limited
 
 
 @router.post(

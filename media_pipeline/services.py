@@ -21,6 +21,7 @@ from django.db import transaction
 
 from jobs.models import Job
 from jobs.services import JobHandle
+from jobs.uploads import upload_limit_message
 
 from . import ffmpeg
 from .exceptions import InvalidUpload, NotAVideo, UploadTooLarge
@@ -36,13 +37,6 @@ def media_path(relative: str) -> Path:
     return Path(settings.MEDIA_ROOT) / relative
 
 
-def upload_limit_message(*, size: int | None, limit: int) -> str:
-    said = f"The file is {_megabytes(size)}; " if size else "The upload is too large; "
-    return f"{said}uploads are limited to {_megabytes(limit)} ({limit} bytes)."
-
-
-def _megabytes(size: int) -> str:
-    return f"{size / 1_000_000:.1f} MB" if size >= 100_000 else f"{size} bytes"
 
 
 def formats_parse(values: Iterable[str] | None) -> list[str]:

@@ -25,11 +25,12 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
+from jobs.uploads import UploadCheck, limit_upload, upload_limit_message
+
 from . import services
 from .exceptions import InvalidUpload, UploadTooLarge
 from .forms import VideoUploadForm
 from .models import Rendition, RenditionStatus, Video
-from .uploads import UploadCheck, limit_upload
 
 # Videos shown on the list page, newest first.
 LIST_LIMIT = 50
@@ -78,7 +79,7 @@ def _video_list(request: HttpRequest, check: UploadCheck | None) -> HttpResponse
 
 def _limit_message(check: UploadCheck) -> str:
     size = check.declared if check.refused_unread else None
-    return services.upload_limit_message(size=size, limit=check.limit)
+    return upload_limit_message(size=size, limit=check.limit)
 
 
 def _render_list(

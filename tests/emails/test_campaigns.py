@@ -7,7 +7,7 @@ import io
 import tracemalloc
 
 from emails import services
-from emails.models import Campaign, CampaignRecipient, EmailMessage, ImportStatus, RecipientImport
+from emails.models import CampaignRecipient, EmailMessage, ImportStatus, RecipientImport
 from jobs.models import Job
 from tests.conftest import wait_until
 
@@ -120,3 +120,16 @@ def test_hundred_thousand_rows_import_in_bounded_memory(transactional_db, admin_
     assert seen == sorted(seen) and seen[-1] == file_bytes  # progress by bytes, monotonic
     # one chunk of 1,000 rows in memory, never the whole file (~3 MB of text, ~60 MB as rows)
     assert peak < 16 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+
+
+def test_csv_over_the_upload_limit_is_refused_and_not_kept(transactional_db, client, admin_user, settings, tmp_path):
+    settings.BACKLOT_MAX_UPLOAD_BYTES = 1000
+    settings.MEDIA_ROOT = str(tmp_path)
+    campaign = services.campaign_create(name="imp", template="campaign", context={}, owner=admin_user)
+    client.force_login(admin_user)
+    rows = [["email", "name"]] + [[f"user{n}@example.com", f"User {n}"] for n in range(200)]
+
+    response = client.post(f"/api/campaigns/{campaign.pk}/recipients/import", {"file": csv_upload(rows)})
+
+    assert response.status_code == 413 and "uploads are limited to 1000 bytes" in response.json()["detail"]
+    assert RecipientImport.objects.count() == 0 and not (tmp_path / "imports").exists()

@@ -8,6 +8,8 @@ stream to a temporary file on disk, however small.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import wraps
 from typing import Any
 
 from django.conf import settings
@@ -16,7 +18,7 @@ from django.core.files.uploadhandler import (
     StopUpload,
     TemporaryFileUploadHandler,
 )
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 # Multipart framing and the small form fields ride along with the file: boundaries, part
 # headers, a CSRF token and a few format names come to well under 4 KiB; this allows for more.
@@ -73,3 +75,32 @@ def _declared_length(request: HttpRequest) -> int | None:
         return int(value) if value else None
     except (TypeError, ValueError):
         return None
+
+
+def upload_limit_message(*, size: int | None, limit: int) -> str:
+    said = f"The file is {_megabytes(size)}; " if size else "The upload is too large; "
+    return f"{said}uploads are limited to {_megabytes(limit)} ({limit} bytes)."
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1_000_000:.1f} MB" if size >= 100_000 else f"{size} bytes"
+
+
+def too_large_response(check: UploadCheck) -> JsonResponse:
+    size = check.declared if check.refused_unread else None
+    return JsonResponse({"detail": upload_limit_message(size=size, limit=check.limit)}, status=413)
+
+
+def upload_limited(run: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """For API views (ninja's decorate_view): apply the upload limit before anything reads the
+    multipart body; an upload over BACKLOT_MAX_UPLOAD_BYTES gets 413 and nothing is stored."""
+
+    @wraps(run)
+    def limited(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        check = limit_upload(request)
+        if check.refused_unread:
+            return too_large_response(check)
+        response = run(request, *args, **kwargs)
+        return too_large_response(check) if check.too_large else response
+
+    return limited
