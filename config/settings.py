@@ -182,6 +182,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "health_check_interval": 25,
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Connecting to a frozen Redis gives up after this many seconds (Celery's default is 4).
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "max_retries": 2,
     "interval_start": 0,
@@ -251,6 +253,9 @@ BACKLOT = {
     "EFFECT_RETENTION_DAYS": int(os.environ.get("BACKLOT_EFFECT_RETENTION_DAYS", "90")),
     # A degraded-health cause is alerted at most once per this many seconds.
     "ALERT_INTERVAL": int(os.environ.get("BACKLOT_ALERT_INTERVAL", "900")),
+    # A running job's claim lasts this long and is renewed every third of it while it runs:
+    # a job whose worker died is re-queued by the relay within about this time.
+    "LEASE_SECONDS": float(os.environ.get("BACKLOT_LEASE_SECONDS", "30")),
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     "BEAT_LOCK_TTL": int(os.environ.get("BACKLOT_BEAT_LOCK_TTL", "30")),
 }

@@ -27,13 +27,11 @@ from . import services, telemetry
 from .exceptions import BrokerUnavailable
 from .models import Job
 from .policies import DEFAULT_POLICY, Permanent, Retryable, RetryPolicy, TimeLimitHit
+from .lease import LeaseKeeper
 from .progress import ProgressThrottle
 from .ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
-
-# Seconds a claim outlives the hard time limit before another worker may take the job over.
-LEASE_MARGIN = 60.0
 
 RateKey = Callable[[tuple, dict], Any] | str
 
@@ -133,7 +131,7 @@ class PlatformTask(Task):
         throttle.report(done, total, message)
 
     def lease_seconds(self) -> float:
-        return float(self.time_limit or self.app.conf.task_time_limit or 3600) + LEASE_MARGIN
+        return float(settings.BACKLOT["LEASE_SECONDS"])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request
@@ -169,6 +167,10 @@ class PlatformTask(Task):
         attempt = claim.attempt if claim else (request.retries or 0) + 1
         failures = claim.failures if claim else []
         self._event("started", attempt)
+        keeper = (
+            LeaseKeeper(job_id=request.id, attempt=attempt, lease_seconds=self.lease_seconds()).start()
+            if claim else None
+        )
         started = time.monotonic()
         try:
             result = self.run(*args, **kwargs)
@@ -193,6 +195,8 @@ class PlatformTask(Task):
             )
             raise  # gave up: Celery records the failure and acknowledges after the dead letter
         finally:
+            if keeper is not None:
+                keeper.stop()
             throttle = getattr(request, "_backlot_progress", None)
             if throttle is not None:
                 throttle.close()

@@ -6,6 +6,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from django.db import InterfaceError, OperationalError
+
 
 class Retryable(Exception):
     """A transient failure: retry per the policy, optionally after `retry_after` seconds."""
@@ -45,12 +47,15 @@ def exponential_backoff(
     return (rng or random).uniform(0, ceiling)
 
 
-# Exceptions retried when a policy names none: the transient ones of the standard library.
+# Exceptions retried when a policy names none: the transient ones of the standard library,
+# and a database connection that dropped (a failover, a restart).
 DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
     Retryable,
     ConnectionError,
     TimeoutError,
     TimeLimitHit,
+    OperationalError,
+    InterfaceError,
 )
 
 

@@ -463,6 +463,15 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
     return Claim(str(job_id), attempts, max_attempts, list(failures or []))
 
 
+def job_renew_lease(*, job_id: str, attempt: int, lease_seconds: float) -> bool:
+    """Extend the lease of the run holding the claim; False once it no longer does."""
+    return bool(
+        Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
+            lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds)
+        )
+    )
+
+
 def job_succeeded(*, job_id: str, attempt: int, run_seconds: float) -> bool:
     """Finish the run that holds the claim (`attempt`); a run that lost its claim changes nothing."""
     return bool(Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
