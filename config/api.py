@@ -3,6 +3,8 @@
 OpenAPI at /api/openapi.json, interactive docs at /api/docs.
 """
 
+from django.db import DataError
+from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.security import django_auth
 
@@ -15,6 +17,14 @@ from reports.api import router as reports_router
 api = NinjaAPI(
     title="Backlot API", version="1", auth=[TokenAuth(), django_auth], urls_namespace="api-1"
 )
+
+
+@api.exception_handler(DataError)
+def database_refused_input(request: HttpRequest, exc: DataError) -> HttpResponse:
+    """Input the database cannot store (e.g. a NUL character) is the client's error: 400."""
+    return api.create_response(request, {"detail": "The input contains characters that cannot be stored."}, status=400)
+
+
 api.add_router("/jobs/", jobs_router)
 api.add_router("/", emails_router)
 api.add_router("/reports/", reports_router)

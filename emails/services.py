@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from jobs.exceptions import BacklotError
 from jobs.masking import mask_text
+from jobs.payload import json_problem
 from jobs.policies import Permanent, Retryable
 from jobs.services import JobHandle, job_enqueue_many
 
@@ -69,6 +70,13 @@ def email_check_template(template: str) -> None:
         ) from None
 
 
+def email_check_context(context: dict[str, Any]) -> dict[str, Any]:
+    problem = json_problem(context, "context")
+    if problem:
+        raise EmailError(f"Invalid template context: {problem}.")
+    return context
+
+
 def email_check_address(address: str) -> str:
     try:
         validate_email(address)
@@ -108,6 +116,7 @@ def email_queue(
 
     to = email_check_address(to)
     email_check_template(template)
+    email_check_context(context)
     for relative in attachments:
         _attachment_path(relative)
     rendered_subject, _, _ = email_render(template=template, context=context, subject=subject or "")
@@ -232,6 +241,10 @@ def campaign_create(
     recipients: Sequence[dict[str, str]] = (),
 ) -> Campaign:
     email_check_template(template)
+    email_check_context(context)
+    for field, value in (("name", name), ("subject", subject)):
+        if "\x00" in value:
+            raise EmailError(f"{field} contains a NUL character.")
     with transaction.atomic():
         campaign = Campaign.objects.create(
             name=name, template=template, context=context, subject=subject,
@@ -243,7 +256,8 @@ def campaign_create(
                 address = email_check_address(recipient["email"]).lower()
             except (EmailError, KeyError):
                 raise EmailError(f"recipients[{index}]: enter a valid email address") from None
-            rows.append(CampaignRecipient(campaign=campaign, email=address, name=recipient.get("name", "")))
+            name = recipient.get("name", "").replace("\x00", "")
+            rows.append(CampaignRecipient(campaign=campaign, email=address, name=name))
         CampaignRecipient.objects.bulk_create(rows, ignore_conflicts=True, batch_size=CHUNK)
     return campaign
 
@@ -381,9 +395,13 @@ def recipients_import_run(
             if address in chunk:
                 counts["duplicates"] += 1
                 continue
-            extra = {k: (v or "") for k, v in row.items() if k and k not in ("email", "name")}
+            extra = {
+                k.replace("\x00", ""): (v or "").replace("\x00", "")
+                for k, v in row.items() if k and k not in ("email", "name") and isinstance(v, str)
+            }
             chunk[address] = CampaignRecipient(
-                campaign=job.campaign, email=address, name=(row.get("name") or "").strip()[:200], data=extra
+                campaign=job.campaign, email=address, data=extra,
+                name=(row.get("name") or "").replace("\x00", "").strip()[:200],
             )
             if len(chunk) >= CHUNK:
                 _import_chunk(job, chunk, counts)

@@ -15,6 +15,8 @@ def _find_non_json(value: Any, path: str) -> str | None:
     if isinstance(value, _JSON_SCALARS):
         if isinstance(value, float) and not math.isfinite(value):
             return f"{path} is {value!r}, which JSON cannot represent"
+        if isinstance(value, str) and "\x00" in value:
+            return f"{path} contains a NUL character, which the database cannot store"
         return None
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
@@ -26,6 +28,8 @@ def _find_non_json(value: Any, path: str) -> str | None:
         for key, item in value.items():
             if not isinstance(key, str):
                 return f"{path} has a non-string key {key!r} ({type(key).__name__})"
+            if "\x00" in key:
+                return f"{path} has a key with a NUL character, which the database cannot store"
             found = _find_non_json(item, f"{path}[{key!r}]")
             if found:
                 return found
@@ -50,3 +54,8 @@ def payload_check(
             f"{max_bytes}-byte limit (BACKLOT['MAX_PAYLOAD_BYTES']); store the data and pass its id."
         )
     return size
+
+
+def json_problem(value: Any, path: str) -> str | None:
+    """What makes `value` unfit to store or send as JSON (None when it is fine)."""
+    return _find_non_json(value, path)

@@ -207,13 +207,11 @@ BULK_BATCH = 1000
 
 
 def _publish_many(*, task: PlatformTask, jobs: list[Job]) -> None:
-    from celery import current_app
-
     published = []
     try:
         # One connection, and kombu's publish batch: the Redis transport pipelines the pushes
         # (one round trip per BULK_BATCH messages instead of two per message).
-        with current_app.producer_or_acquire() as producer, producer.batch(max_size=BULK_BATCH):
+        with task.app.producer_or_acquire() as producer, producer.batch(max_size=BULK_BATCH):
             for job in jobs:
                 task.apply_async(
                     job.args, job.kwargs, task_id=str(job.id), queue=job.queue,

@@ -52,3 +52,16 @@ def test_a_regular_user_signs_in_on_the_login_page(client, django_user_model):
     assert page.status_code == 200 and b"Sign in" in page.content
     assert response.status_code == 302 and response["Location"] == "/emails/"
     assert client.get("/emails/").status_code == 200
+
+
+def test_nul_characters_are_a_400_not_a_server_error(client, admin_user):
+    client.force_login(admin_user)
+
+    email = client.post("/api/emails/", {"to": "a@example.com", "template": "test", "context": {"name": "x\u0000y"}},
+                        content_type="application/json")
+    campaign = client.post("/api/campaigns/", {"name": "n", "context": {"k\u0000": None}},
+                           content_type="application/json")
+
+    assert email.status_code == 400 and "NUL" in email.json()["detail"]
+    assert campaign.status_code == 400 and "NUL" in campaign.json()["detail"]
+    assert EmailMessage.objects.count() == 0 and Campaign.objects.count() == 0

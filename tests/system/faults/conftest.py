@@ -266,7 +266,8 @@ class FaultWorker(Worker):
 
     def __init__(self, name: str, queues: str, concurrency: int, env: dict[str, str]) -> None:
         self.name = f"{name}-{uuid.uuid4().hex[:6]}@localhost"
-        self.probe = Celery("faults-probe", broker=env["REDIS_URL"])
+        # set_as_current=False: the project app must stay current_app for the rest of the session
+        self.probe = Celery("faults-probe", broker=env["REDIS_URL"], set_as_current=False)
         self.probe.conf.broker_transport_options = dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS)
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log_path = LOG_DIR / f"faults-{self.name.split('@')[0]}.log"
