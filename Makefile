@@ -6,11 +6,12 @@ SHELL := /bin/bash
 PYTEST_ARGS ?=
 export PYTEST_ARGS
 
-.PHONY: help venv run test lint services-up services-down stop clean
+.PHONY: help venv run test bench lint services-up services-down stop clean
 
 help:
 	@echo "make run      start Redis, migrate, then web :8000, worker, beat and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     start test Redis :6390 and PostgreSQL :54329, run pytest (PYTEST_ARGS=...), stop them"
+	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"
 	@echo "make lint     linters (none yet)"
 	@echo "make stop     stop any Redis/PostgreSQL that these scripts left running under .data/"
@@ -24,6 +25,10 @@ run: venv
 
 test: venv
 	@bash scripts/test.sh
+
+# Extra arguments for the suite, e.g. make bench BENCH_ARGS="--cases drain_pg,latency"
+bench: venv
+	@bash scripts/bench.sh
 
 lint:
 	@echo "lint: no linters configured yet"

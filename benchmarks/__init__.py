@@ -1,0 +1,1 @@
+"""Backlot's benchmark suite (`make bench`): Backlot side by side with bare Celery."""

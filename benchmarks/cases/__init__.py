@@ -1,0 +1,27 @@
+"""The benchmark cases, in the order `python -m benchmarks` runs them.
+
+Each entry: case name -> (module, the database its process uses, a timeout in seconds).
+A case runs in its own process (benchmarks.run_case) so that it can use SQLite or PostgreSQL
+and cannot leave workers behind when it fails.
+"""
+
+from __future__ import annotations
+
+CASES: dict[str, tuple[str, str, int]] = {
+    "drain_pg": ("benchmarks.cases.drain:run_pg", "pg", 420),
+    "drain_sqlite": ("benchmarks.cases.drain:run_sqlite", "sqlite", 300),
+    "layout": ("benchmarks.cases.drain:run_layout", "pg", 240),
+    "enqueue": ("benchmarks.cases.enqueue:run_enqueue", "pg", 180),
+    "bulk": ("benchmarks.cases.enqueue:run_bulk", "pg", 300),
+    "latency": ("benchmarks.cases.latency:run", "pg", 180),
+    "http": ("benchmarks.cases.http:run", "pg", 240),
+    "deadletters": ("benchmarks.cases.deadletters:run", "pg", 240),
+    "ratelimit": ("benchmarks.cases.ratelimit:run", "pg", 240),
+    "memory": ("benchmarks.cases.memory:run", "pg", 240),
+    "progress": ("benchmarks.cases.progress:run", "pg", 240),
+}
+
+# Run on request only (python -m benchmarks --cases profile): py-spy on a ledger drain.
+EXTRA: dict[str, tuple[str, str, int]] = {
+    "profile": ("benchmarks.cases.profile:run", "pg", 600),
+}

@@ -1,0 +1,258 @@
+"""Case 1, drain throughput, and the worker-layout comparison.
+
+A backlog of no-op jobs is queued while the worker does not consume the queue (its consumer
+is cancelled), then the consumer is added back and the clock runs until the queue and the
+unacknowledged set are empty (acks_late: a message leaves `unacked` once its job finished).
+Variants alternate within each round and the order flips every round.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from benchmarks import jobs as bench
+from benchmarks.harness import (
+    ROOT,
+    CaseResult,
+    CpuMeter,
+    Worker,
+    Workers,
+    empty_queues,
+    pause,
+    timed_drain,
+)
+from benchmarks.sizes import SIZES
+from jobs.models import Job, JobState
+from jobs.services import job_enqueue_many
+
+# variant -> (task, what it is)
+VARIANTS: dict[str, tuple[Any, str]] = {
+    "bare": (bench.bare_noop, "bare Celery @shared_task, no result backend"),
+    "bare_results": (bench.bare_noop_results, "bare Celery + django-celery-results (the project's result backend)"),
+    "ledger_off": (bench.noop_untracked, "Backlot @job track=False"),
+    "ledger_on": (bench.noop, "Backlot @job track=True (ledger)"),
+}
+CHUNK = 1000  # rows per job_enqueue_many call, as the campaign fan-out does
+
+
+def queue_backlog(task: Any, count: int) -> None:
+    """Queue `count` no-op jobs the way each flavour is meant to be queued in bulk."""
+    from config.celery import app
+
+    if task.name.startswith("bench.bare"):
+        with app.producer_or_acquire() as producer:
+            for i in range(count):
+                task.apply_async((i,), producer=producer)
+        return
+    for start in range(0, count, CHUNK):
+        with transaction.atomic():
+            job_enqueue_many(task=task, calls=[((i,), {}) for i in range(start, min(count, start + CHUNK))])
+
+
+def drain_rounds(result: CaseResult, workers_for: dict[str, list[Worker]], count: int, repeats: int,
+                 timeout: float) -> dict[str, list[float]]:
+    """Alternate the variants `repeats` times (the order flips every round); jobs/s per
+    variant. CPU shares and, on PostgreSQL, new connections per job go to result.extra."""
+    variants = list(workers_for)
+    rates: dict[str, list[float]] = {v: [] for v in variants}
+    cpu: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    sessions: dict[str, list[float]] = {v: [] for v in variants}
+    for round_no in range(repeats):
+        order = variants if round_no % 2 == 0 else variants[::-1]
+        for variant in order:
+            task, _ = VARIANTS[variant.removesuffix("_reuse")]
+            workers = workers_for[variant]
+            succeeded_before = _succeeded(task)
+            queue_backlog(task, count)
+            connection.close()
+            opened = pg_sessions()
+            meter = CpuMeter(workers)
+            seconds = timed_drain(workers, timeout)
+            cpu[variant].append(meter.stop())
+            if opened is not None:
+                sessions[variant].append((pg_sessions() - opened) / count)
+            rates[variant].append(count / seconds)
+            done = _succeeded(task) - succeeded_before
+            if getattr(task, "track", False) and done != count:
+                result.notes.append(f"{variant} round {round_no + 1}: {done} of {count} ledger rows succeeded")
+            connection.close()
+    for variant in variants:
+        shares = cpu[variant]
+        result.extra.setdefault("cpu_pct", {})[variant] = {
+            key: sorted(s[key] for s in shares)[len(shares) // 2] for key in shares[0]
+        }
+        if sessions[variant]:
+            result.extra.setdefault("new_db_connections_per_job", {})[variant] = round(
+                sorted(sessions[variant])[len(sessions[variant]) // 2], 3)
+    return rates
+
+
+def pg_sessions() -> int | None:
+    """Sessions PostgreSQL has opened on this database so far (None on SQLite)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("select sessions from pg_stat_database where datname = current_database()")
+        value = int(cursor.fetchone()[0])
+    connection.close()
+    return value
+
+
+def _succeeded(task: Any) -> int:
+    if not getattr(task, "track", False):
+        return 0
+    return Job.objects.filter(task_name=task.name, state=JobState.SUCCEEDED).count()
+
+
+# The worker settings that keep database connections between tasks (see the module).
+REUSE_SETTINGS = "benchmarks.settings_reuse"
+
+
+def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
+    size = SIZES[f"drain_{db}"]
+    count = size.count(full)
+    result = CaseResult(
+        case=f"drain_{db}",
+        title=f"1. Drain throughput, one worker prefork -c 2, {'PostgreSQL' if db == 'pg' else 'SQLite'}",
+        params={"jobs_per_drain": count, "issue_jobs_per_drain": size.issue, "rounds": size.repeats,
+                "worker": "celery -A config worker -c 2 -P prefork", "database": db,
+                "prefetch_multiplier": settings.CELERY_WORKER_PREFETCH_MULTIPLIER,
+                "conn_max_age": settings.DATABASES["default"]["CONN_MAX_AGE"]},
+    )
+    if count != size.issue:
+        result.notes.append(f"scaled: {count:,} jobs per drain instead of {size.issue:,} (15-minute budget)")
+    if any(v.endswith("_reuse") for v in variants):
+        result.notes.append(
+            "*_reuse: a second worker with CELERY_DB_REUSE_MAX set (benchmarks/settings_reuse.py); "
+            "without it Celery's Django fixup closes the DB connection around every task, "
+            "whatever CONN_MAX_AGE says"
+        )
+    empty_queues()
+    with Workers() as workers:
+        shipped = workers.start(f"drain-{db}", concurrency=2)
+        reuse = None
+        if any(v.endswith("_reuse") for v in variants):
+            reuse = workers.start(f"drain-{db}-reuse", concurrency=2, env={"DJANGO_SETTINGS_MODULE": REUSE_SETTINGS})
+        every = [w for w in (shipped, reuse) if w]
+        for worker in every:
+            worker.wait_ready()
+        pause(every)
+        workers_for = {v: [reuse if v.endswith("_reuse") else shipped] for v in variants}
+        # A short warm-up drain per variant: imports, connections, caches.
+        drain_rounds(CaseResult("warmup", ""), workers_for, 100, 1, 60)
+        rates = drain_rounds(result, workers_for, count, size.repeats, timeout=300)
+    suffix = "" if db == "pg" else "_sqlite"
+    label = {v: v if v == "bare" else v + suffix for v in variants}
+    for variant in variants:
+        result.figure(label[variant], rates[variant], "jobs/s", what=VARIANTS[variant.removesuffix("_reuse")][1]
+                      + (" (worker keeps DB connections)" if variant.endswith("_reuse") else ""))
+    for variant in variants:
+        if variant != "bare":
+            result.ratio(f"{label[variant]} / bare", rates[variant], rates["bare"])
+    if db == "pg":
+        on = result.ratio("ledger_on / bare_results_reuse", rates["ledger_on"], rates["bare_results_reuse"])
+        result.ratio("ledger_on_reuse / bare_results_reuse", rates["ledger_on_reuse"], rates["bare_results_reuse"])
+        vs_bare = result.ratios["ledger_on / bare"]["median"]
+        result.target("ledger on (PostgreSQL) / bare drain", vs_bare, ">= 0.5", vs_bare >= 0.5)
+        result.target("ledger on / django-celery-results alone with reused connections", on, ">= 1.0", on >= 1.0)
+        off = result.ratios["ledger_off / bare"]["median"]
+        result.target("ledger off / bare drain", off, ">= 0.9", off >= 0.9)
+    return result
+
+
+def run_pg(*, full: bool = False) -> CaseResult:
+    return _drain("pg", ["bare", "bare_results", "bare_results_reuse", "ledger_off", "ledger_on",
+                         "ledger_on_reuse"], full)
+
+
+def run_sqlite(*, full: bool = False) -> CaseResult:
+    return _drain("sqlite", ["bare", "bare_results", "ledger_on"], full)
+
+
+# --------------------------------------------------------------------------- layout
+
+def shipped_worker_lines() -> list[list[str]]:
+    """The `celery ... worker` command lines of the Procfile (what `make run` starts),
+    as worker arguments, with ${VAR:-default} expanded from the environment."""
+    lines = []
+    for raw in (ROOT / "Procfile").read_text().splitlines():
+        _, _, command = raw.partition(":")
+        if not command.strip() or raw.lstrip().startswith("#"):
+            continue
+        command = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}",
+                         lambda m: os.environ.get(m[1], m[2] or ""), command)
+        argv = shlex.split(command)
+        if "celery" not in argv[0] or "worker" not in argv:
+            continue
+        args = argv[argv.index("worker") + 1:]
+        lines.append(_without_hostname(args))
+    return lines
+
+
+def _without_hostname(args: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in ("-n", "--hostname"):
+            skip = True
+            continue
+        if arg.startswith("--hostname="):
+            continue
+        out.append(arg)
+    return out
+
+
+def run_layout(*, full: bool = False) -> CaseResult:
+    size = SIZES["layout"]
+    count = size.count(full)
+    cores = os.cpu_count() or 1
+    shipped = shipped_worker_lines()
+    result = CaseResult(
+        case="layout",
+        title="Worker layout: bare no-op drain, the Procfile's workers vs one default worker -c 2",
+        params={"jobs_per_drain": count, "rounds": size.repeats, "cores": cores,
+                "shipped": [" ".join(a) for a in shipped]},
+    )
+    if count != size.issue:
+        result.notes.append(f"scaled: {count:,} jobs per drain instead of {size.issue:,}")
+    empty_queues()
+    with Workers() as workers:
+        sets = {
+            "single_c2": [workers.start("single", concurrency=2)],
+            "shipped": [workers.start(f"shipped{i}", argv=args) for i, args in enumerate(shipped)],
+            "per_core_c1": [workers.start(f"core{i}", concurrency=1) for i in range(cores)],
+            "single_c2_prefetch4": [workers.start("prefetch4", concurrency=2,
+                                                  env={"CELERY_WORKER_PREFETCH_MULTIPLIER": "4"})],
+        }
+        for group in sets.values():
+            for worker in group:
+                worker.wait_ready()
+        every = [w for group in sets.values() for w in group]
+        pause(every)
+        rates: dict[str, list[float]] = {name: [] for name in sets}
+        for round_no in range(size.repeats + 1):  # round 0 warms up
+            names = list(sets) if round_no % 2 == 0 else list(reversed(sets))
+            for name in names:
+                n = 200 if round_no == 0 else count
+                queue_backlog(bench.bare_noop, n)
+                seconds = timed_drain(sets[name], 300)
+                if round_no:
+                    rates[name].append(n / seconds)
+    result.figure("single_c2", rates["single_c2"], "jobs/s", what="one celery worker -c 2")
+    result.figure("shipped", rates["shipped"], "jobs/s", what="Procfile worker line(s): " + " | ".join(result.params["shipped"]))
+    result.figure("per_core_c1", rates["per_core_c1"], "jobs/s", what=f"{cores} celery workers -c 1")
+    result.figure("single_c2_prefetch4", rates["single_c2_prefetch4"], "jobs/s",
+                  what="one celery worker -c 2, CELERY_WORKER_PREFETCH_MULTIPLIER=4 (Celery's default)")
+    shipped_ratio = result.ratio("shipped / single_c2", rates["shipped"], rates["single_c2"])
+    result.ratio("per_core_c1 / single_c2", rates["per_core_c1"], rates["single_c2"])
+    result.ratio("single_c2_prefetch4 / single_c2", rates["single_c2_prefetch4"], rates["single_c2"])
+    result.target("shipped worker layout / single worker -c 2", shipped_ratio, ">= 1.6", shipped_ratio >= 1.6)
+    return result
