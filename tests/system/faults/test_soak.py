@@ -15,17 +15,15 @@ from tests.conftest import wait_until
 from tests.system.faults.conftest import applied, figures, runs
 from tests.system.faults.jobs import failures_planned
 
-# The issue asks for 20,000 jobs. On the 2-core machine this suite was written on (shared with
-# other test runs), 20,000 took 421 s (48 jobs/s), 10,000 took 203 s and 8,000 took 128 s: the
-# default is the largest round count that keeps the soak within about 3 minutes there.
-# FAULTS_SOAK_JOBS=20000 runs the full size.
-JOBS = int(os.environ.get("FAULTS_SOAK_JOBS", "8000"))
+# The issue's size. On this 2-core machine 20,000 took 421 s while other test runs shared the
+# cores (48 jobs/s); FAULTS_SOAK_JOBS=2000 makes a quick local run.
+JOBS = int(os.environ.get("FAULTS_SOAK_JOBS", "20000"))
 WORK = 0.02  # seconds each job works, so that a kill finds jobs mid-run
 SEED = 20251129
 KILL_AT = (0.25, 0.55)  # fractions finished when the first and the second worker are killed
-# Seconds: 40 jobs/s (below the 48-95 jobs/s measured), plus a minute for the claim lease of the
-# jobs a kill strands (hard time limit 5 s + 60 s).
-BUDGET = 60 + JOBS / 40
+# Seconds: 30 jobs/s (below the 48-95 jobs/s measured), plus two minutes for the leases of the
+# jobs a kill strands to lapse and be re-queued.
+BUDGET = 120 + JOBS / 30
 
 
 def progress() -> Counter:
@@ -42,8 +40,7 @@ def finished() -> int:
 def test_soak_transient_failures_and_two_worker_kills(
     private_redis, start_fault_worker, client_procs, run_id
 ):
-    """JOBS jobs of 20 ms (8,000 by default, reduced from the issue's 20,000 to fit ~3 minutes;
-    the full size with FAULTS_SOAK_JOBS=20000) fed at a sustained rate; about 10 % fail
+    """JOBS jobs of 20 ms (20,000 by default, FAULTS_SOAK_JOBS to change) fed at a sustained rate; about 10 % fail
     transiently (seeded: most recover within 3 attempts, 1 in 60 always fails, half of the
     failures strike after the effect committed); two workers of 2 processes; each is kill
     -9'ed once (at 25 % and 55 % done) and replaced; the relay runs.
@@ -51,7 +48,7 @@ def test_soak_transient_failures_and_two_worker_kills(
     Pass figures: succeeded + dead-lettered == JOBS exactly, the dead ones exactly the planned
     always-failing items (each with one dead letter), 0 duplicate effects, every succeeded job's
     effect applied once, the kills cut running jobs short (attempts lost to them >= 1); within
-    60 s + JOBS / 40 s.
+    120 s + JOBS / 30 s.
     """
     began = time.monotonic()
     planned = {item: failures_planned(SEED, item) for item in range(JOBS)}
