@@ -36,13 +36,25 @@ BUDGET_SECONDS = 15 * 60
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default=",".join(CASES),
-                        help=f"comma-separated, from: {', '.join([*CASES, *EXTRA])}")
-    parser.add_argument("--full", action="store_true",
-                        help="the issue's sizes (hours at today's rates) instead of the 15-minute ones")
-    parser.add_argument("--scale", type=float, default=1.0,
-                        help="multiply every count (e.g. 0.1 for a smoke run; figures are then noisy)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help=f"comma-separated, from: {', '.join([*CASES, *EXTRA])}",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the issue's sizes (hours at today's rates) instead of the 15-minute ones",
+    )
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="multiply every count (e.g. 0.1 for a smoke run; figures are then noisy)",
+    )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
     opts = parser.parse_args()
     names = [n.strip() for n in opts.cases.split(",") if n.strip()]
@@ -92,12 +104,19 @@ def main() -> int:
         os.rmdir(sqlite_dir)
 
     total = time.monotonic() - began
-    meta.update(total_seconds=round(total, 1), finished=now_iso(),
-                within_budget=total < BUDGET_SECONDS, full_size=opts.full)
+    meta.update(
+        total_seconds=round(total, 1),
+        finished=now_iso(),
+        within_budget=total < BUDGET_SECONDS,
+        full_size=opts.full,
+    )
     document = {"meta": meta, "cases": results}
     print(render_targets(results), flush=True)
-    print(f"\ntotal {total / 60:.1f} min ({'within' if total < BUDGET_SECONDS else 'OVER'} the 15-minute budget)"
-          f"; cores {meta['cores']}; results in {opts.out}", flush=True)
+    print(
+        f"\ntotal {total / 60:.1f} min ({'within' if total < BUDGET_SECONDS else 'OVER'} the 15-minute budget)"
+        f"; cores {meta['cores']}; results in {opts.out}",
+        flush=True,
+    )
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.out).write_text(json.dumps(document, indent=1) + "\n")
     return 1 if failed else 0
@@ -111,18 +130,30 @@ def check_disposable(url: str, var: str, schemes: tuple[str, ...]) -> None:
     if parsed.hostname not in ("127.0.0.1", "localhost", "::1"):
         sys.exit(f"{var} must point at loopback, not {parsed.hostname}")
     if parsed.port in PROTECTED_PORTS or parsed.port is None:
-        sys.exit(f"{var} points at port {parsed.port}, which is not the benchmarks' own service "
-                 "(this suite wipes it); use `make bench`")
+        sys.exit(
+            f"{var} points at port {parsed.port}, which is not the benchmarks' own service "
+            "(this suite wipes it); use `make bench`"
+        )
 
 
 def child_env(database_url: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": database_url, "DJANGO_SETTINGS_MODULE": "config.settings",
-            "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    return {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT),
+    }
 
 
 def migrate(env: dict[str, str]) -> None:
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
-                   cwd=ROOT, env=env, check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        timeout=300,
+    )
 
 
 def reset_services(env: dict[str, str]) -> None:
@@ -146,7 +177,9 @@ def reset_services(env: dict[str, str]) -> None:
 def run_case(name: str, env: dict[str, str], timeout: int, full: bool) -> dict[str, Any]:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as fh:
         out = fh.name
-    command = [sys.executable, "-m", "benchmarks.run_case", name, out] + (["--full"] if full else [])
+    command = [sys.executable, "-m", "benchmarks.run_case", name, out] + (
+        ["--full"] if full else []
+    )
     child = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
     try:
         limit = timeout * (20 if full else 1)
@@ -194,8 +227,20 @@ def machine_meta() -> dict[str, Any]:
         "machine": platform.machine(),
         "kernel": platform.release(),
         "python": platform.python_version(),
-        "versions": {d: version(d) for d in ("celery", "Django", "kombu", "redis", "hiredis",
-                                              "psycopg", "django-celery-results", "gunicorn", "billiard")},
+        "versions": {
+            d: version(d)
+            for d in (
+                "celery",
+                "Django",
+                "kombu",
+                "redis",
+                "hiredis",
+                "psycopg",
+                "django-celery-results",
+                "gunicorn",
+                "billiard",
+            )
+        },
         "postgresql": server_version(),
         "redis_server": redis_version(),
         "git_commit": git_commit(),

@@ -32,8 +32,9 @@ def queue_keys(queue: str = "default") -> list[str]:
     return [queue if step == 0 else f"{queue}:{step}" for step in PRIORITY_STEPS]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05,
-               what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition"
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -46,12 +47,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
 
 # --------------------------------------------------------------------------- workers
 
+
 class Worker:
     """A real `celery -A config worker` process, stopped by its PID (and its own group)."""
 
-    def __init__(self, label: str, *, concurrency: int = 2, queues: str = "default",
-                 env: dict[str, str] | None = None, extra: Sequence[str] = (),
-                 argv: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        *,
+        concurrency: int = 2,
+        queues: str = "default",
+        env: dict[str, str] | None = None,
+        extra: Sequence[str] = (),
+        argv: Sequence[str] | None = None,
+    ) -> None:
         self.name = f"bench-{label}-{uuid.uuid4().hex[:6]}@localhost"
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log_path = LOG_DIR / f"{self.name.split('@')[0]}.log"
@@ -59,12 +68,28 @@ class Worker:
         if argv is None:
             argv = ["-Q", queues, "-c", str(concurrency), "-P", "prefork"]
         command = [
-            sys.executable, "-m", "celery", "-A", "config", "worker", *argv,
-            "-n", self.name, "-I", "benchmarks.jobs",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", *extra,
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            *argv,
+            "-n",
+            self.name,
+            "-I",
+            "benchmarks.jobs",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            *extra,
         ]
         self.process = subprocess.Popen(
-            command, cwd=ROOT, env=worker_env(env), stdout=self._log, stderr=subprocess.STDOUT,
+            command,
+            cwd=ROOT,
+            env=worker_env(env),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         register(self.process.pid)
@@ -81,8 +106,12 @@ class Worker:
         return self
 
     def pool_pids(self) -> list[int]:
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
-                             capture_output=True, text=True, check=False).stdout
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
         return [int(pid) for pid in out.split()]
 
     def log_tail(self, chars: int = 3000) -> str:
@@ -140,9 +169,13 @@ def kill_registered() -> None:
 
 
 def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "DJANGO_SETTINGS_MODULE": "config.settings",
-           # A stopped benchmark worker is idle: no need for the 30 s soft-shutdown grace.
-           "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT": "0"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        # A stopped benchmark worker is idle: no need for the 30 s soft-shutdown grace.
+        "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT": "0",
+    }
     env.update(extra or {})
     return env
 
@@ -182,6 +215,7 @@ def resume(workers: Iterable[Worker], queue: str = "default") -> None:
 
 
 # --------------------------------------------------------------------------- Redis
+
 
 def redis_client() -> Any:
     from benchmarks.jobs import bench_redis
@@ -240,7 +274,7 @@ def empty_queues() -> None:
     client = redis_client()
     doomed = [k for k in client.scan_iter(count=1000) if not k.startswith(b"_kombu.binding.")]
     for start in range(0, len(doomed), 1000):
-        client.delete(*doomed[start:start + 1000])
+        client.delete(*doomed[start : start + 1000])
 
 
 def wait_stamp(key: str, timeout: float) -> float | None:
@@ -271,6 +305,7 @@ def take_stamps(key: str) -> list[float]:
 
 # --------------------------------------------------------------------------- statistics
 
+
 def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank-interpolated percentile (q in 0..100)."""
     ordered = sorted(values)
@@ -286,7 +321,10 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
     values = [float(v) for v in values]
     med = statistics.median(values)
     return {
-        "median": med, "min": min(values), "max": max(values), "n": len(values),
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
         "spread_pct": (max(values) - min(values)) / med * 100 if med else 0.0,
         "runs": [round(v, 6) for v in values],
     }
@@ -306,10 +344,20 @@ class CaseResult:
     targets: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def figure(self, variant: str, values: Sequence[float], unit: str,
-               higher_is_better: bool = True, **more: Any) -> dict[str, Any]:
-        self.figures[variant] = {"unit": unit, "higher_is_better": higher_is_better,
-                                 **summary(values), **more}
+    def figure(
+        self,
+        variant: str,
+        values: Sequence[float],
+        unit: str,
+        higher_is_better: bool = True,
+        **more: Any,
+    ) -> dict[str, Any]:
+        self.figures[variant] = {
+            "unit": unit,
+            "higher_is_better": higher_is_better,
+            **summary(values),
+            **more,
+        }
         return self.figures[variant]
 
     def ratio(self, name: str, numerators: Sequence[float], denominators: Sequence[float]) -> float:
@@ -318,13 +366,21 @@ class CaseResult:
         return self.ratios[name]["median"]
 
     def target(self, name: str, measured: float, goal: str, met: bool, detail: str = "") -> None:
-        self.targets.append({"target": name, "measured": measured, "goal": goal, "met": bool(met),
-                             "detail": detail})
+        self.targets.append(
+            {"target": name, "measured": measured, "goal": goal, "met": bool(met), "detail": detail}
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"case": self.case, "title": self.title, "params": self.params, "notes": self.notes,
-                "figures": self.figures, "ratios": self.ratios, "targets": self.targets,
-                "extra": self.extra}
+        return {
+            "case": self.case,
+            "title": self.title,
+            "params": self.params,
+            "notes": self.notes,
+            "figures": self.figures,
+            "ratios": self.ratios,
+            "targets": self.targets,
+            "extra": self.extra,
+        }
 
 
 def clock() -> float:

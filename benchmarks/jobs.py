@@ -32,6 +32,7 @@ def stamp(key: str, value: float | str) -> None:
 
 # --- no-ops: drain throughput, enqueue rate, bulk enqueue, Redis memory -------------------
 
+
 @shared_task(name="bench.bare_noop", ignore_result=True)
 def bare_noop(*args: Any, **kwargs: Any) -> None:
     """Bare Celery, no result backend: the baseline everything is compared with."""
@@ -53,6 +54,7 @@ def noop_untracked(*args: Any, **kwargs: Any) -> None:
 
 
 # --- latency: the first thing each job does is write down when it started ----------------
+
 
 @shared_task(name="bench.bare_stamp", ignore_result=True)
 def bare_stamp(key: str) -> None:
@@ -80,6 +82,7 @@ def rate_limited(key: str) -> None:
 
 
 # --- progress: a tight loop with and without self.progress --------------------------------
+
 
 @job(name="bench.progress_loop", bind=True)
 def progress_loop(self: Any, key: str, steps: int, report: bool, work_us: float = 0) -> None:

@@ -21,11 +21,31 @@ def py_spy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def record(pid: int, out: Path, *, seconds: float, subprocesses: bool = False, idle: bool = True,
-           rate: int = 250) -> subprocess.Popen:
+def record(
+    pid: int,
+    out: Path,
+    *,
+    seconds: float,
+    subprocesses: bool = False,
+    idle: bool = True,
+    rate: int = 250,
+) -> subprocess.Popen:
     """Start py-spy recording `pid` as collapsed stacks into `out`; the caller waits on it."""
-    command = [py_spy() or "py-spy", "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate),
-               "--duration", str(max(1, int(seconds))), "--output", str(out), "--nonblocking"]
+    command = [
+        py_spy() or "py-spy",
+        "record",
+        "--pid",
+        str(pid),
+        "--format",
+        "raw",
+        "--rate",
+        str(rate),
+        "--duration",
+        str(max(1, int(seconds))),
+        "--output",
+        str(out),
+        "--nonblocking",
+    ]
     if subprocesses:
         command.append("--subprocesses")
     if idle:
@@ -47,8 +67,9 @@ def short(frame: str) -> str:
     return f"{match['func']} ({path})"
 
 
-def summarize(collapsed: Path, top: int = 25, process_filter: str | None = None,
-              within: str | None = None) -> dict:
+def summarize(
+    collapsed: Path, top: int = 25, process_filter: str | None = None, within: str | None = None
+) -> dict:
     """Self and inclusive sample shares per function; only the samples of one process
     (`process_filter`, "pid N") or with a frame containing `within` when given."""
     self_counts: Counter[str] = Counter()
@@ -84,8 +105,11 @@ def summarize(collapsed: Path, top: int = 25, process_filter: str | None = None,
         "self": [(name, pct(n)) for name, n in self_counts.most_common(top)],
         # Frames on (nearly) every stack are the process's scaffolding (runpy, click, the
         # worker's boot, the pool's fork), not where the time goes.
-        "inclusive": [(name, pct(n)) for name, n in incl_counts.most_common()
-                      if n < 0.95 * max(incl_counts.values(), default=1)][:top],
+        "inclusive": [
+            (name, pct(n))
+            for name, n in incl_counts.most_common()
+            if n < 0.95 * max(incl_counts.values(), default=1)
+        ][:top],
     }
 
 
@@ -99,7 +123,9 @@ def _process_kind(frame: str) -> str:
 def render(summary: dict, title: str) -> str:
     lines = [f"{title}: {summary['samples']} samples"]
     if len(summary["processes"]) > 1:
-        lines.append("  by process: " + ", ".join(f"{k} {v}%" for k, v in summary["processes"].items()))
+        lines.append(
+            "  by process: " + ", ".join(f"{k} {v}%" for k, v in summary["processes"].items())
+        )
     lines.append("  top inclusive (% of samples with the function on the stack):")
     lines += [f"    {pct:5.1f}%  {name}" for name, pct in summary["inclusive"]]
     lines.append("  top self (% of samples in the function itself):")

@@ -23,19 +23,36 @@ def number(value: float) -> str:
 
 
 def render_case(data: dict[str, Any]) -> str:
-    header = (f"\n== {data['title']}  [{data['case']}, {data.get('seconds', '?')} s, other processes "
-              f"used {data.get('foreign_cpu_pct', '?')}% CPU of {(os.cpu_count() or 1) * 100}%]")
+    header = (
+        f"\n== {data['title']}  [{data['case']}, {data.get('seconds', '?')} s, other processes "
+        f"used {data.get('foreign_cpu_pct', '?')}% CPU of {(os.cpu_count() or 1) * 100}%]"
+    )
     lines = [header]
     for note in data.get("notes", []):
         lines.append(f"   note: {note}")
     rows = [("variant", "median", "min - max", "spread", "n", "unit")]
     for variant, fig in data.get("figures", {}).items():
-        rows.append((variant, number(fig["median"]), f"{number(fig['min'])} - {number(fig['max'])}",
-                     f"{fig['spread_pct']:.0f}%", str(fig["n"]), fig["unit"]))
+        rows.append(
+            (
+                variant,
+                number(fig["median"]),
+                f"{number(fig['min'])} - {number(fig['max'])}",
+                f"{fig['spread_pct']:.0f}%",
+                str(fig["n"]),
+                fig["unit"],
+            )
+        )
     for name, ratio in data.get("ratios", {}).items():
-        rows.append((f"ratio {name}", number(ratio["median"]),
-                     f"{number(ratio['min'])} - {number(ratio['max'])}", f"{ratio['spread_pct']:.0f}%",
-                     str(ratio["n"]), "x"))
+        rows.append(
+            (
+                f"ratio {name}",
+                number(ratio["median"]),
+                f"{number(ratio['min'])} - {number(ratio['max'])}",
+                f"{ratio['spread_pct']:.0f}%",
+                str(ratio["n"]),
+                "x",
+            )
+        )
     lines += _table(rows, indent="   ", left=frozenset({0, 5}))
     return "\n".join(lines)
 
@@ -44,18 +61,32 @@ def render_targets(results: dict[str, Any]) -> str:
     rows = [("case", "target", "measured", "goal", "met")]
     for name, data in results.items():
         for target in data.get("targets", []):
-            rows.append((name, target["target"], number(target["measured"]), target["goal"],
-                         "yes" if target["met"] else "NO"))
+            rows.append(
+                (
+                    name,
+                    target["target"],
+                    number(target["measured"]),
+                    target["goal"],
+                    "yes" if target["met"] else "NO",
+                )
+            )
         if "error" in data:
             rows.append((name, "(case failed)", "-", "-", "NO"))
-    return "\n== Targets of issue 6\n" + "\n".join(_table(rows, indent="   ", left=frozenset({0, 1, 3, 4})))
+    return "\n== Targets of issue 6\n" + "\n".join(
+        _table(rows, indent="   ", left=frozenset({0, 1, 3, 4}))
+    )
 
 
-def _table(rows: list[tuple[str, ...]], indent: str = "", left: frozenset[int] = frozenset({0})) -> list[str]:
+def _table(
+    rows: list[tuple[str, ...]], indent: str = "", left: frozenset[int] = frozenset({0})
+) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out = []
     for row in rows:
-        cells = [cell.ljust(widths[i]) if i in left else cell.rjust(widths[i]) for i, cell in enumerate(row)]
+        cells = [
+            cell.ljust(widths[i]) if i in left else cell.rjust(widths[i])
+            for i, cell in enumerate(row)
+        ]
         out.append(indent + "  ".join(cells).rstrip())
     return out
 
@@ -65,6 +96,8 @@ def markdown_targets(results: dict[str, Any]) -> str:
     lines = ["| case | target | measured | goal | met |", "| --- | --- | ---: | --- | --- |"]
     for name, data in results.items():
         for target in data.get("targets", []):
-            lines.append(f"| {name} | {target['target']} | {number(target['measured'])} | "
-                         f"{target['goal']} | {'yes' if target['met'] else '**no**'} |")
+            lines.append(
+                f"| {name} | {target['target']} | {number(target['measured'])} | "
+                f"{target['goal']} | {'yes' if target['met'] else '**no**'} |"
+            )
     return "\n".join(lines)

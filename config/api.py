@@ -22,7 +22,9 @@ api = NinjaAPI(
 @api.exception_handler(DataError)
 def database_refused_input(request: HttpRequest, exc: DataError) -> HttpResponse:
     """Input the database cannot store (e.g. a NUL character) is the client's error: 400."""
-    return api.create_response(request, {"detail": "The input contains characters that cannot be stored."}, status=400)
+    return api.create_response(
+        request, {"detail": "The input contains characters that cannot be stored."}, status=400
+    )
 
 
 api.add_router("/jobs/", jobs_router)

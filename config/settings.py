@@ -25,7 +25,9 @@ def env_list(name: str, default: str = "") -> list[str]:
 DEBUG = env_bool("DEBUG", False)
 # Without SECRET_KEY a fixed development key is used; its "django-insecure-" prefix makes
 # `manage.py check --deploy` fail loudly, and compose requires a real one.
-SECRET_KEY = os.environ.get("SECRET_KEY") or "django-insecure-backlot-development-key-0123456789abcdef"
+SECRET_KEY = (
+    os.environ.get("SECRET_KEY") or "django-insecure-backlot-development-key-0123456789abcdef"
+)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
@@ -139,7 +141,10 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "plain": {"()": "jobs.logs.MaskingFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "jobs.logs.MaskingFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
         "json": {"()": "jobs.logs.JsonFormatter"},
     },
     "handlers": {
@@ -213,7 +218,9 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # SIGTERM (a deploy): running jobs get this many seconds to finish and be acked; the rest are
 # cancelled, their claims released and their messages requeued (acks_late) to run elsewhere.
 # https://docs.celeryq.dev/en/stable/userguide/workers.html#soft-shutdown
-CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(os.environ.get("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", "30"))
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(
+    os.environ.get("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", "30")
+)
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 BACKLOT_QUEUES = ("default", "emails", "reports", "media")
 CELERY_TASK_DEFAULT_QUEUE = "default"

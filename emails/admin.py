@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from django.contrib import admin
 
 from jobs.admin import ReadOnlyAdmin
@@ -11,10 +10,18 @@ from jobs.masking import mask_email
 from .models import Campaign, CampaignRecipient, EmailMessage, RecipientImport
 
 
-
 @admin.register(EmailMessage)
 class EmailMessageAdmin(ReadOnlyAdmin):
-    list_display = ("pk", "masked_to", "subject", "template", "status", "attempts", "created_at", "sent_at")
+    list_display = (
+        "pk",
+        "masked_to",
+        "subject",
+        "template",
+        "status",
+        "attempts",
+        "created_at",
+        "sent_at",
+    )
     list_filter = ("status", "template")
     search_fields = ("=uid", "=job_id")
     exclude = ("to", "context")
@@ -44,5 +51,14 @@ class CampaignRecipientAdmin(ReadOnlyAdmin):
 
 @admin.register(RecipientImport)
 class RecipientImportAdmin(ReadOnlyAdmin):
-    list_display = ("pk", "campaign", "status", "rows_read", "imported", "duplicates", "skipped", "created_at")
+    list_display = (
+        "pk",
+        "campaign",
+        "status",
+        "rows_read",
+        "imported",
+        "duplicates",
+        "skipped",
+        "created_at",
+    )
     list_filter = ("status",)

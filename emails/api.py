@@ -27,7 +27,9 @@ MAX_CONTEXT_KEYS = 50
 class EmailIn(Schema):
     to: EmailStr
     template: str = Field(min_length=1, max_length=100)
-    context: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=MAX_CONTEXT_KEYS)
+    context: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict, max_length=MAX_CONTEXT_KEYS
+    )
     subject: str | None = Field(default=None, max_length=255)
 
 
@@ -50,8 +52,6 @@ class EmailOut(Schema):
     error: str
 
 
-
-
 def _bad_request(exc: Exception) -> HttpError:
     return HttpError(400, str(exc))
 
@@ -61,21 +61,30 @@ def email_create(request: HttpRequest, payload: EmailIn) -> Status:
     """Queue one templated email (HTML + text); 400 names the bad field, nothing is queued."""
     try:
         message, handle = services.email_queue(
-            to=payload.to, template=payload.template, context=payload.context,
-            subject=payload.subject, owner=request.auth,
+            to=payload.to,
+            template=payload.template,
+            context=payload.context,
+            subject=payload.subject,
+            owner=request.auth,
         )
     except (services.EmailError, InvalidPayload) as exc:
         raise _bad_request(exc) from None
-    return Status(202, {"job_id": handle.id, "email_id": message.pk, "status_url": handle.status_url})
+    return Status(
+        202, {"job_id": handle.id, "email_id": message.pk, "status_url": handle.status_url}
+    )
 
 
 @router.get("/emails/{email_id}/", response=EmailOut, url_name="email_detail")
 def email_detail(request: HttpRequest, email_id: int) -> dict[str, Any]:
     message = get_object_or_404(EmailMessage.objects.visible_to(request.auth), pk=email_id)
     return {
-        "email_id": message.pk, "status": message.status, "attempts": message.attempts,
-        "subject": message.subject, "job_id": str(message.job_id) if message.job_id else None,
-        "sent_at": message.sent_at, "error": message.error,
+        "email_id": message.pk,
+        "status": message.status,
+        "attempts": message.attempts,
+        "subject": message.subject,
+        "job_id": str(message.job_id) if message.job_id else None,
+        "sent_at": message.sent_at,
+        "error": message.error,
     }
 
 
@@ -88,7 +97,9 @@ class CampaignIn(Schema):
     name: str = Field(min_length=1, max_length=200)
     template: str = Field(default="campaign", max_length=100)
     subject: str = Field(default="", max_length=255)
-    context: dict[str, str | int | float | bool | None] = Field(default_factory=dict, max_length=MAX_CONTEXT_KEYS)
+    context: dict[str, str | int | float | bool | None] = Field(
+        default_factory=dict, max_length=MAX_CONTEXT_KEYS
+    )
     recipients: list[RecipientIn] = Field(default_factory=list, max_length=10_000)
     start: bool = False
 
@@ -109,19 +120,27 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
         campaign.status = "done"
     job_id = str(campaign.job_id) if campaign.job_id else None
     return {
-        "campaign_id": campaign.pk, "name": campaign.name, "status": campaign.status,
-        "summary": summary, "job_id": job_id,
+        "campaign_id": campaign.pk,
+        "name": campaign.name,
+        "status": campaign.status,
+        "summary": summary,
+        "job_id": job_id,
         "status_url": f"/api/jobs/{job_id}/" if job_id else None,
     }
 
 
-@router.post("/campaigns/", response={201: CampaignOut, 202: CampaignOut}, url_name="campaign_create")
+@router.post(
+    "/campaigns/", response={201: CampaignOut, 202: CampaignOut}, url_name="campaign_create"
+)
 def campaign_create(request: HttpRequest, payload: CampaignIn) -> Status:
     """Create a campaign, optionally with recipients; `start: true` fans it out at once (202)."""
     try:
         campaign = services.campaign_create(
-            name=payload.name, template=payload.template, subject=payload.subject,
-            context=payload.context, owner=request.auth,
+            name=payload.name,
+            template=payload.template,
+            subject=payload.subject,
+            context=payload.context,
+            owner=request.auth,
             recipients=[r.dict() for r in payload.recipients],
         )
         if payload.start:
@@ -135,10 +154,14 @@ def campaign_create(request: HttpRequest, payload: CampaignIn) -> Status:
 @router.get("/campaigns/{campaign_id}/", response=CampaignOut, url_name="campaign_detail")
 def campaign_detail(request: HttpRequest, campaign_id: int) -> dict[str, Any]:
     """A campaign's progress: sent, failed and pending recipients."""
-    return _campaign_out(get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id))
+    return _campaign_out(
+        get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
+    )
 
 
-@router.post("/campaigns/{campaign_id}/start", response={202: CampaignOut}, url_name="campaign_start")
+@router.post(
+    "/campaigns/{campaign_id}/start", response={202: CampaignOut}, url_name="campaign_start"
+)
 def campaign_start(request: HttpRequest, campaign_id: int) -> Status:
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
     try:
@@ -164,27 +187,42 @@ class ImportOut(Schema):
     job_id: str | None
 
 
-@router.post("/campaigns/{campaign_id}/recipients/import", response={202: ImportAccepted},
-             url_name="recipients_import")
+@router.post(
+    "/campaigns/{campaign_id}/recipients/import",
+    response={202: ImportAccepted},
+    url_name="recipients_import",
+)
 @decorate_view(upload_limited)
-def recipients_import(request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)) -> Status:
+def recipients_import(
+    request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)
+) -> Status:
     """Upload a CSV (header: email, name, ...); it is imported in the background.
 
     A file over BACKLOT_MAX_UPLOAD_BYTES is refused with 413 while it is read; nothing is kept.
     """
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
-    row, handle = services.recipients_import_create(campaign=campaign, upload=file, owner=request.auth)
+    row, handle = services.recipients_import_create(
+        campaign=campaign, upload=file, owner=request.auth
+    )
     return Status(202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url})
 
 
-@router.get("/campaigns/{campaign_id}/imports/{import_id}/", response=ImportOut, url_name="import_detail")
+@router.get(
+    "/campaigns/{campaign_id}/imports/{import_id}/", response=ImportOut, url_name="import_detail"
+)
 def import_detail(request: HttpRequest, campaign_id: int, import_id: int) -> dict[str, Any]:
     row = get_object_or_404(
         RecipientImport.objects.filter(campaign__in=Campaign.objects.visible_to(request.auth)),
-        pk=import_id, campaign_id=campaign_id,
+        pk=import_id,
+        campaign_id=campaign_id,
     )
     return {
-        "import_id": row.pk, "status": row.status, "rows_read": row.rows_read,
-        "imported": row.imported, "duplicates": row.duplicates, "skipped": row.skipped,
-        "errors": row.errors, "job_id": str(row.job_id) if row.job_id else None,
+        "import_id": row.pk,
+        "status": row.status,
+        "rows_read": row.rows_read,
+        "imported": row.imported,
+        "duplicates": row.duplicates,
+        "skipped": row.skipped,
+        "errors": row.errors,
+        "job_id": str(row.job_id) if row.job_id else None,
     }

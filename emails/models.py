@@ -35,23 +35,34 @@ class EmailMessage(models.Model):
     """One message to one recipient; the send job moves it and never sends a SENT one again."""
 
     uid = models.UUIDField(
-        "message uid", default=uuid.uuid4, unique=True, editable=False,
+        "message uid",
+        default=uuid.uuid4,
+        unique=True,
+        editable=False,
         help_text="Used as the Message-ID, so the provider and the recipient can spot repeats.",
     )
     to = models.EmailField("to", help_text="Recipient address.")
     subject = models.CharField("subject", max_length=255, help_text="Rendered subject line.")
-    template = models.CharField("template", max_length=100, help_text="Name under templates/emails/.")
+    template = models.CharField(
+        "template", max_length=100, help_text="Name under templates/emails/."
+    )
     context = models.JSONField("context", default=dict, blank=True, help_text="Template variables.")
     attachments = models.JSONField(
         "attachments", default=list, blank=True, help_text="Paths relative to MEDIA_ROOT."
     )
     status = models.CharField(
-        "status", max_length=16, choices=EmailStatus.choices, default=EmailStatus.QUEUED,
+        "status",
+        max_length=16,
+        choices=EmailStatus.choices,
+        default=EmailStatus.QUEUED,
         help_text="Queued, sending, sent, failed or unconfirmed.",
     )
     attempts = models.PositiveIntegerField("attempts", default=0, help_text="Send attempts made.")
     provider_message_id = models.CharField(
-        "provider message id", max_length=255, blank=True, default="",
+        "provider message id",
+        max_length=255,
+        blank=True,
+        default="",
         help_text="Message-ID of the sent message.",
     )
     provider_reply = models.CharField(
@@ -59,12 +70,19 @@ class EmailMessage(models.Model):
     )
     error = models.TextField("error", blank=True, default="", help_text="Why it failed (masked).")
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-        related_name="+", verbose_name="owner", help_text="Who asked for it.",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="owner",
+        help_text="Who asked for it.",
     )
     job_id = models.UUIDField("job id", null=True, blank=True, help_text="The send job.")
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Accepted.")
-    sent_at = models.DateTimeField("sent", null=True, blank=True, help_text="Accepted by the server.")
+    sent_at = models.DateTimeField(
+        "sent", null=True, blank=True, help_text="Accepted by the server."
+    )
 
     objects = OwnedQuerySet.as_manager()
 
@@ -94,15 +112,27 @@ class Campaign(models.Model):
     """One message template sent to many recipients."""
 
     name = models.CharField("name", max_length=200, help_text="For operators.")
-    subject = models.CharField("subject", max_length=255, blank=True, help_text="Overrides the template's.")
-    template = models.CharField("template", max_length=100, help_text="Name under templates/emails/.")
+    subject = models.CharField(
+        "subject", max_length=255, blank=True, help_text="Overrides the template's."
+    )
+    template = models.CharField(
+        "template", max_length=100, help_text="Name under templates/emails/."
+    )
     context = models.JSONField("context", default=dict, blank=True, help_text="Shared variables.")
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-        related_name="+", verbose_name="owner", help_text="Who created it.",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="owner",
+        help_text="Who created it.",
     )
     status = models.CharField(
-        "status", max_length=16, choices=CampaignStatus.choices, default=CampaignStatus.DRAFT,
+        "status",
+        max_length=16,
+        choices=CampaignStatus.choices,
+        default=CampaignStatus.DRAFT,
         help_text="Draft, sending or done.",
     )
     job_id = models.UUIDField("fan-out job", null=True, blank=True, help_text="The fan-out job.")
@@ -134,22 +164,32 @@ class CampaignRecipient(models.Model):
     """A recipient of a campaign; unique per campaign, so a re-import or re-run adds no one twice."""
 
     campaign = models.ForeignKey(
-        Campaign, on_delete=models.CASCADE, related_name="recipients", verbose_name="campaign",
+        Campaign,
+        on_delete=models.CASCADE,
+        related_name="recipients",
+        verbose_name="campaign",
         help_text="The campaign.",
     )
     email = models.EmailField("email", help_text="Address (stored lower-cased).")
     name = models.CharField("name", max_length=200, blank=True, help_text="For the greeting.")
     data = models.JSONField("data", default=dict, blank=True, help_text="Extra CSV columns.")
     email_message = models.OneToOneField(
-        EmailMessage, on_delete=models.SET_NULL, null=True, blank=True, related_name="recipient",
-        verbose_name="message", help_text="The message once fanned out.",
+        EmailMessage,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="recipient",
+        verbose_name="message",
+        help_text="The message once fanned out.",
     )
 
     class Meta:
         verbose_name = "campaign recipient"
         verbose_name_plural = "campaign recipients"
         constraints = [
-            models.UniqueConstraint(fields=["campaign", "email"], name="recipient_unique_per_campaign")
+            models.UniqueConstraint(
+                fields=["campaign", "email"], name="recipient_unique_per_campaign"
+            )
         ]
 
     def __str__(self) -> str:
@@ -167,12 +207,20 @@ class RecipientImport(models.Model):
     """A CSV of recipients imported in the background, in chunks, bad rows reported."""
 
     campaign = models.ForeignKey(
-        Campaign, on_delete=models.CASCADE, related_name="imports", verbose_name="campaign",
+        Campaign,
+        on_delete=models.CASCADE,
+        related_name="imports",
+        verbose_name="campaign",
         help_text="Campaign the recipients join.",
     )
-    file = models.CharField("file", max_length=255, help_text="Uploaded CSV, relative to MEDIA_ROOT.")
+    file = models.CharField(
+        "file", max_length=255, help_text="Uploaded CSV, relative to MEDIA_ROOT."
+    )
     status = models.CharField(
-        "status", max_length=16, choices=ImportStatus.choices, default=ImportStatus.QUEUED,
+        "status",
+        max_length=16,
+        choices=ImportStatus.choices,
+        default=ImportStatus.QUEUED,
         help_text="Queued, running, done or failed.",
     )
     rows_read = models.PositiveIntegerField("rows read", default=0, help_text="Data rows read.")
@@ -183,8 +231,13 @@ class RecipientImport(models.Model):
         "errors", default=list, blank=True, help_text="First bad rows: {row, reason}."
     )
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-        related_name="+", verbose_name="owner", help_text="Who uploaded it.",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="owner",
+        help_text="Who uploaded it.",
     )
     job_id = models.UUIDField("job id", null=True, blank=True, help_text="The import job.")
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Uploaded.")

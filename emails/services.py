@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import logging
 import smtplib
-import socket
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -93,7 +92,9 @@ def _attachment_path(relative: str) -> Path:
     return path
 
 
-def email_render(*, template: str, context: dict[str, Any], subject: str = "") -> tuple[str, str, str]:
+def email_render(
+    *, template: str, context: dict[str, Any], subject: str = ""
+) -> tuple[str, str, str]:
     """(subject, text, html) of a template rendered with `context`."""
     text = render_to_string(f"emails/{template}.txt", context)
     html = render_to_string(f"emails/{template}.html", context)
@@ -122,8 +123,12 @@ def email_queue(
     rendered_subject, _, _ = email_render(template=template, context=context, subject=subject or "")
     with transaction.atomic():
         message = EmailMessage.objects.create(
-            to=to, subject=rendered_subject, template=template, context=context,
-            attachments=list(attachments), owner=owner if getattr(owner, "pk", None) else None,
+            to=to,
+            subject=rendered_subject,
+            template=template,
+            context=context,
+            attachments=list(attachments),
+            owner=owner if getattr(owner, "pk", None) else None,
         )
         handle = email_send.enqueue(message.pk, owner=owner, idempotency_key=f"email:{message.uid}")
         message.job_id = handle.id
@@ -136,7 +141,10 @@ def _build(message: EmailMessage, connection: Any) -> EmailMultiAlternatives:
         template=message.template, context=message.context, subject=message.subject
     )
     mail = EmailMultiAlternatives(
-        subject=subject, body=text, to=[message.to], connection=connection,
+        subject=subject,
+        body=text,
+        to=[message.to],
+        connection=connection,
         headers={"Message-ID": f"<{message.uid}@backlot>"},
     )
     mail.attach_alternative(html, "text/html")
@@ -198,20 +206,26 @@ def email_deliver(*, email_id: int) -> str:
         if all(400 <= code < 500 for code, _ in exc.recipients.values()):
             message.mark(EmailStatus.QUEUED, provider_reply=replies[0])
             raise Retryable(f"Recipient deferred: {replies[0]}") from None
-        message.mark(EmailStatus.FAILED, provider_reply=replies[0], error=f"Recipient refused: {replies[0]}")
+        message.mark(
+            EmailStatus.FAILED, provider_reply=replies[0], error=f"Recipient refused: {replies[0]}"
+        )
         raise Permanent(f"Recipient refused: {replies[0]}") from None
     except smtplib.SMTPResponseException as exc:
         reply = _reply_text(exc.smtp_code, exc.smtp_error)
         if 400 <= exc.smtp_code < 500:
             message.mark(EmailStatus.QUEUED, provider_reply=reply)
             raise Retryable(f"SMTP server deferred: {reply}") from None
-        message.mark(EmailStatus.FAILED, provider_reply=reply, error=f"SMTP server refused: {reply}")
+        message.mark(
+            EmailStatus.FAILED, provider_reply=reply, error=f"SMTP server refused: {reply}"
+        )
         raise Permanent(f"SMTP server refused: {reply}") from None
-    except (smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, OSError, socket.timeout) as exc:
+    except (TimeoutError, smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, OSError) as exc:
         detail = mask_text(f"{type(exc).__name__}: {exc}")
         if data_started:
             message.mark(EmailStatus.UNCONFIRMED, error=f"Connection lost during DATA: {detail}")
-            raise Permanent(f"Email {email_id}: delivery unconfirmed, connection lost during DATA") from None
+            raise Permanent(
+                f"Email {email_id}: delivery unconfirmed, connection lost during DATA"
+            ) from None
         message.mark(EmailStatus.QUEUED, provider_reply=detail[:500])
         raise Retryable(f"SMTP unavailable: {detail}") from None
     finally:
@@ -236,8 +250,14 @@ def email_mark_failed(*, email_id: int, reason: str) -> None:
 
 # --- campaigns ---------------------------------------------------------------------------
 
+
 def campaign_create(
-    *, name: str, template: str, context: dict[str, Any], subject: str = "", owner: Any = None,
+    *,
+    name: str,
+    template: str,
+    context: dict[str, Any],
+    subject: str = "",
+    owner: Any = None,
     recipients: Sequence[dict[str, str]] = (),
 ) -> Campaign:
     email_check_template(template)
@@ -247,7 +267,10 @@ def campaign_create(
             raise EmailError(f"{field} contains a NUL character.")
     with transaction.atomic():
         campaign = Campaign.objects.create(
-            name=name, template=template, context=context, subject=subject,
+            name=name,
+            template=template,
+            context=context,
+            subject=subject,
             owner=owner if getattr(owner, "pk", None) else None,
         )
         rows = []
@@ -303,8 +326,13 @@ def campaign_fan_out_run(
                     template=campaign.template, context=context, subject=campaign.subject
                 )
                 messages.append(
-                    EmailMessage(to=recipient.email, subject=subject, template=campaign.template,
-                                 context=context, owner=campaign.owner)
+                    EmailMessage(
+                        to=recipient.email,
+                        subject=subject,
+                        template=campaign.template,
+                        context=context,
+                        owner=campaign.owner,
+                    )
                 )
             EmailMessage.objects.bulk_create(messages)
             job_ids = job_enqueue_many(
@@ -323,7 +351,10 @@ def campaign_fan_out_run(
 
 # --- CSV import -------------------------------------------------------------------------
 
-def recipients_import_create(*, campaign: Campaign, upload: IO[bytes], owner: Any = None) -> tuple[RecipientImport, JobHandle]:
+
+def recipients_import_create(
+    *, campaign: Campaign, upload: IO[bytes], owner: Any = None
+) -> tuple[RecipientImport, JobHandle]:
     """Store the uploaded CSV under a generated name and queue its import."""
     from .tasks import recipients_import
 
@@ -377,7 +408,8 @@ def recipients_import_run(
         fields = [f.strip().lower() for f in (reader.fieldnames or [])]
         if "email" not in fields:
             RecipientImport.objects.filter(pk=import_id).update(
-                status=ImportStatus.FAILED, errors=[{"row": 1, "reason": "no 'email' column in the header"}]
+                status=ImportStatus.FAILED,
+                errors=[{"row": 1, "reason": "no 'email' column in the header"}],
             )
             raise Permanent(f"Import {import_id}: the CSV header has no 'email' column")
         reader.fieldnames = fields
@@ -390,17 +422,25 @@ def recipients_import_run(
             except ValidationError:
                 counts["skipped"] += 1
                 if len(errors) < MAX_REPORTED_ERRORS:
-                    errors.append({"row": number, "reason": "invalid email address" if address else "email is empty"})
+                    errors.append(
+                        {
+                            "row": number,
+                            "reason": "invalid email address" if address else "email is empty",
+                        }
+                    )
                 continue
             if address in chunk:
                 counts["duplicates"] += 1
                 continue
             extra = {
                 k.replace("\x00", ""): (v or "").replace("\x00", "")
-                for k, v in row.items() if k and k not in ("email", "name") and isinstance(v, str)
+                for k, v in row.items()
+                if k and k not in ("email", "name") and isinstance(v, str)
             }
             chunk[address] = CampaignRecipient(
-                campaign=job.campaign, email=address, data=extra,
+                campaign=job.campaign,
+                email=address,
+                data=extra,
                 name=(row.get("name") or "").replace("\x00", "").strip()[:200],
             )
             if len(chunk) >= CHUNK:
@@ -416,11 +456,15 @@ def recipients_import_run(
     return job
 
 
-def _import_chunk(job: RecipientImport, chunk: dict[str, CampaignRecipient], counts: dict[str, int]) -> None:
+def _import_chunk(
+    job: RecipientImport, chunk: dict[str, CampaignRecipient], counts: dict[str, int]
+) -> None:
     if not chunk:
         return
     known = set(
-        CampaignRecipient.objects.filter(campaign=job.campaign, email__in=list(chunk)).values_list("email", flat=True)
+        CampaignRecipient.objects.filter(campaign=job.campaign, email__in=list(chunk)).values_list(
+            "email", flat=True
+        )
     )
     fresh = [r for address, r in chunk.items() if address not in known]
     CampaignRecipient.objects.bulk_create(fresh, ignore_conflicts=True, batch_size=CHUNK)
@@ -429,8 +473,14 @@ def _import_chunk(job: RecipientImport, chunk: dict[str, CampaignRecipient], cou
     chunk.clear()
 
 
-def _import_progress(import_id: int, counts: dict[str, int], errors: list[dict[str, Any]],
-                     done: int, size: int, progress: Callable[[int, int, str], None] | None) -> None:
+def _import_progress(
+    import_id: int,
+    counts: dict[str, int],
+    errors: list[dict[str, Any]],
+    done: int,
+    size: int,
+    progress: Callable[[int, int, str], None] | None,
+) -> None:
     RecipientImport.objects.filter(pk=import_id).update(errors=errors, **counts)
     if progress:
         progress(done, size, f"{counts['rows_read']} rows read")

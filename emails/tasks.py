@@ -34,14 +34,24 @@ def email_send(email_id: int) -> str:
     return services.email_deliver(email_id=email_id)
 
 
-@job(name="emails.campaign_fan_out", queue="emails", bind=True, time_limit=3600,
-     retry=RetryPolicy(max_attempts=3, base_delay=10))
+@job(
+    name="emails.campaign_fan_out",
+    queue="emails",
+    bind=True,
+    time_limit=3600,
+    retry=RetryPolicy(max_attempts=3, base_delay=10),
+)
 def campaign_fan_out(self: Any, campaign_id: int) -> int:
     return services.campaign_fan_out_run(campaign_id=campaign_id, progress=self.progress)
 
 
-@job(name="emails.recipients_import", queue="emails", bind=True, time_limit=3600,
-     retry=RetryPolicy(max_attempts=3, base_delay=10))
+@job(
+    name="emails.recipients_import",
+    queue="emails",
+    bind=True,
+    time_limit=3600,
+    retry=RetryPolicy(max_attempts=3, base_delay=10),
+)
 def recipients_import(self: Any, import_id: int) -> dict[str, int]:
     row = services.recipients_import_run(import_id=import_id, progress=self.progress)
     return {"imported": row.imported, "duplicates": row.duplicates, "skipped": row.skipped}

@@ -36,28 +36,34 @@ class ImportForm(forms.Form):
     file = forms.FileField(label="CSV file (columns: email, name, …)")
 
 
-
-
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
     form = TestEmailForm(request.POST or None, initial={"template": "test"})
     if request.method == "POST" and form.is_valid():
         try:
             _, handle = services.email_queue(
-                to=form.cleaned_data["to"], template=form.cleaned_data["template"],
-                context={"name": form.cleaned_data["name"]}, owner=request.user,
+                to=form.cleaned_data["to"],
+                template=form.cleaned_data["template"],
+                context={"name": form.cleaned_data["name"]},
+                owner=request.user,
             )
         except (services.EmailError, InvalidPayload) as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, "Email queued.")
             return redirect("job_page", job_id=handle.id)
-    return render(request, "emails/pages/index.html", {
-        "form": form,
-        "campaign_form": CampaignForm(),
-        "campaigns": Campaign.objects.visible_to(request.user)[:20],
-        "recent": EmailMessage.objects.visible_to(request.user).filter(recipient__isnull=True)[:10],
-    })
+    return render(
+        request,
+        "emails/pages/index.html",
+        {
+            "form": form,
+            "campaign_form": CampaignForm(),
+            "campaigns": Campaign.objects.visible_to(request.user)[:20],
+            "recent": EmailMessage.objects.visible_to(request.user).filter(recipient__isnull=True)[
+                :10
+            ],
+        },
+    )
 
 
 @login_required
@@ -65,11 +71,16 @@ def index(request: HttpRequest) -> HttpResponse:
 def campaign_create(request: HttpRequest) -> HttpResponse:
     form = CampaignForm(request.POST)
     if not form.is_valid():
-        messages.error(request, "Fix the campaign form: " + "; ".join(
-            f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()))
+        messages.error(
+            request,
+            "Fix the campaign form: "
+            + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
+        )
         return redirect("emails:index")
     campaign = services.campaign_create(
-        name=form.cleaned_data["name"], template="campaign", owner=request.user,
+        name=form.cleaned_data["name"],
+        template="campaign",
+        owner=request.user,
         context={"headline": form.cleaned_data["headline"], "body": form.cleaned_data["body"]},
     )
     return redirect("emails:campaign", campaign_id=campaign.pk)
@@ -82,15 +93,23 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         upload = form.cleaned_data["file"]
         if upload.size > settings.BACKLOT_MAX_UPLOAD_BYTES:
-            form.add_error("file", f"The file is larger than {settings.BACKLOT_MAX_UPLOAD_BYTES} bytes.")
+            form.add_error(
+                "file", f"The file is larger than {settings.BACKLOT_MAX_UPLOAD_BYTES} bytes."
+            )
         else:
             services.recipients_import_create(campaign=campaign, upload=upload, owner=request.user)
             messages.success(request, "Import started; the recipient count updates as it runs.")
             return redirect("emails:campaign", campaign_id=campaign.pk)
-    return render(request, "emails/pages/campaign.html", {
-        "campaign": campaign, "form": form, "imports": campaign.imports.all()[:10],
-        "summary": campaign.summary(),
-    })
+    return render(
+        request,
+        "emails/pages/campaign.html",
+        {
+            "campaign": campaign,
+            "form": form,
+            "imports": campaign.imports.all()[:10],
+            "summary": campaign.summary(),
+        },
+    )
 
 
 @login_required

@@ -73,14 +73,25 @@ def _job_link(job: Job | None) -> str:
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ("id", "task_name", "state", "queue", "priority", "attempts", "enqueued_at", "finished_at")
+    list_display = (
+        "id",
+        "task_name",
+        "state",
+        "queue",
+        "priority",
+        "attempts",
+        "enqueued_at",
+        "finished_at",
+    )
     list_filter = ("state", "queue", "task_name")
     search_fields = ("=id", "idempotency_key")
     date_hierarchy = "enqueued_at"
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     exclude = ("args", "kwargs")
-    readonly_fields = [f.name for f in Job._meta.fields if f.name not in ("args", "kwargs")] + ["arguments"]
+    readonly_fields = [f.name for f in Job._meta.fields if f.name not in ("args", "kwargs")] + [
+        "arguments"
+    ]
 
     @admin.display(description="arguments")
     def arguments(self, obj: Job) -> str:
@@ -89,14 +100,22 @@ class JobAdmin(ReadOnlyAdmin):
     def get_urls(self) -> list[Any]:
         return [
             path("dashboard/", self.admin_site.admin_view(dashboard_view), name="jobs_dashboard"),
-            path("dashboard.json", self.admin_site.admin_view(dashboard_json), name="jobs_dashboard_json"),
+            path(
+                "dashboard.json",
+                self.admin_site.admin_view(dashboard_json),
+                name="jobs_dashboard_json",
+            ),
             *super().get_urls(),
         ]
 
 
 class EditedReplayForm(forms.Form):
-    args = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), help_text="A JSON list.")
-    kwargs = forms.CharField(widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), help_text="A JSON object.")
+    args = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), help_text="A JSON list."
+    )
+    kwargs = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), help_text="A JSON object."
+    )
 
     def __init__(self, *args: Any, task_name: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -121,8 +140,12 @@ class EditedReplayForm(forms.Form):
         data = super().clean()
         if "args" in data and "kwargs" in data:
             try:
-                payload_check(task_name=self.task_name, args=data["args"], kwargs=data["kwargs"],
-                              max_bytes=services.settings.BACKLOT["MAX_PAYLOAD_BYTES"])
+                payload_check(
+                    task_name=self.task_name,
+                    args=data["args"],
+                    kwargs=data["kwargs"],
+                    max_bytes=services.settings.BACKLOT["MAX_PAYLOAD_BYTES"],
+                )
             except InvalidPayload as exc:
                 raise forms.ValidationError(str(exc)) from None
         return data
@@ -133,8 +156,17 @@ PERMISSIONED_ACTIONS = {"replay_selected": "replay", "discard_selected": "discar
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin):
-    list_display = ("task_name", "exception_class", "short_message", "argument_summary", "queue",
-                    "attempts", "first_failed_at", "last_failed_at", "status")
+    list_display = (
+        "task_name",
+        "exception_class",
+        "short_message",
+        "argument_summary",
+        "queue",
+        "attempts",
+        "first_failed_at",
+        "last_failed_at",
+        "status",
+    )
     list_filter = ("status", "task_name", "exception_class", "queue", "last_failed_at")
     search_fields = ("=job_id_value", "exception_message")
     ordering = ("-last_failed_at",)
@@ -145,10 +177,24 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     change_list_template = "admin/jobs/deadletter/change_list.html"
     exclude = ("args", "kwargs", "traceback")
     readonly_fields = (
-        "job_id_value", "task_name", "queue", "priority", "owner", "attempts", "status",
-        "exception_class", "exception_message", "traceback_block", "arguments_block",
-        "attempt_history", "ledger_entry", "replayed_as", "first_failed_at", "last_failed_at",
-        "resolved_at", "resolved_by",
+        "job_id_value",
+        "task_name",
+        "queue",
+        "priority",
+        "owner",
+        "attempts",
+        "status",
+        "exception_class",
+        "exception_message",
+        "traceback_block",
+        "arguments_block",
+        "attempt_history",
+        "ledger_entry",
+        "replayed_as",
+        "first_failed_at",
+        "last_failed_at",
+        "resolved_at",
+        "resolved_by",
     )
 
     # --- permissions ------------------------------------------------------------------
@@ -158,7 +204,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def has_discard_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobs.discard_deadletter")
 
-    def changelist_view(self, request: HttpRequest, extra_context: dict | None = None) -> HttpResponse:
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict | None = None
+    ) -> HttpResponse:
         action = request.POST.get("action") if request.method == "POST" else None
         needed = PERMISSIONED_ACTIONS.get(action or "")
         if needed and not getattr(self, f"has_{needed}_permission")(request):
@@ -194,10 +242,14 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if not failures:
             return "—"
         rows = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             ((f["attempt"], f["at"], f["exception"], f["message"]) for f in failures),
         )
-        return format_html("<table><tr><th>#</th><th>when</th><th>exception</th><th>message</th></tr>{}</table>", rows)
+        return format_html(
+            "<table><tr><th>#</th><th>when</th><th>exception</th><th>message</th></tr>{}</table>",
+            rows,
+        )
 
     @admin.display(description="ledger entry")
     def ledger_entry(self, obj: DeadLetter) -> str:
@@ -207,8 +259,13 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def replayed_as(self, obj: DeadLetter) -> str:
         return _job_link(obj.replayed_job)
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict | None = None) -> HttpResponse:
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
         self._raw_allowed = request.user.has_perm("jobs.view_raw_arguments")
         extra_context = {**(extra_context or {}), "can_replay": self.has_replay_permission(request)}
         return super().change_view(request, object_id, form_url, extra_context)
@@ -219,11 +276,16 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     @admin.action(description="Replay selected dead letters", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
         outcome = services.dead_letter_replay_many(queryset=queryset, by=request.user)
-        services.audit(user=request.user, action="replay", count=outcome.done,
-                       ids=list(queryset.values_list("pk", flat=True)[:1000]))
+        services.audit(
+            user=request.user,
+            action="replay",
+            count=outcome.done,
+            ids=list(queryset.values_list("pk", flat=True)[:1000]),
+        )
         self.message_user(
             request,
-            ngettext("%d dead letter replayed.", "%d dead letters replayed.", outcome.done) % outcome.done,
+            ngettext("%d dead letter replayed.", "%d dead letters replayed.", outcome.done)
+            % outcome.done,
             messages.SUCCESS,
         )
         for message in (outcome.errors or [])[:5]:
@@ -232,8 +294,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     @admin.action(description="Discard selected dead letters", permissions=["discard"])
     def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
         count = services.dead_letter_discard_many(queryset=queryset, by=request.user)
-        services.audit(user=request.user, action="discard", count=count,
-                       ids=list(queryset.values_list("pk", flat=True)[:1000]))
+        services.audit(
+            user=request.user,
+            action="discard",
+            count=count,
+            ids=list(queryset.values_list("pk", flat=True)[:1000]),
+        )
         self.message_user(
             request,
             ngettext("%d dead letter discarded.", "%d dead letters discarded.", count) % count,
@@ -244,8 +310,16 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def get_urls(self) -> list[Any]:
         wrap = self.admin_site.admin_view
         return [
-            path("replay-matching/", wrap(self.replay_matching_view), name="jobs_deadletter_replay_matching"),
-            path("<int:pk>/replay/", wrap(self.replay_edited_view), name="jobs_deadletter_replay_edited"),
+            path(
+                "replay-matching/",
+                wrap(self.replay_matching_view),
+                name="jobs_deadletter_replay_matching",
+            ),
+            path(
+                "<int:pk>/replay/",
+                wrap(self.replay_edited_view),
+                name="jobs_deadletter_replay_edited",
+            ),
             *super().get_urls(),
         ]
 
@@ -253,8 +327,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         """The changelist's current filters, as DeadLetter.objects.matching() keys."""
         params = request.GET if request.method == "GET" else request.POST
         mapping = {
-            "status__exact": "status", "task_name__exact": "task", "exception_class__exact": "exception",
-            "queue__exact": "queue", "last_failed_at__gte": "since", "last_failed_at__lt": "until",
+            "status__exact": "status",
+            "task_name__exact": "task",
+            "exception_class__exact": "exception",
+            "queue__exact": "queue",
+            "last_failed_at__gte": "since",
+            "last_failed_at__lt": "until",
             "q": "search",
         }
         return {ours: params[theirs] for theirs, ours in mapping.items() if params.get(theirs)}
@@ -268,44 +346,82 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if request.method == "POST":
             from .tasks import replay_matching
 
-            handle = replay_matching.enqueue(filters=filters, user_id=request.user.pk, owner=request.user)
-            services.audit(user=request.user, action="replay-matching", count=count, filters=filters,
-                           job_id=handle.id)
-            self.message_user(request, f"Replaying {count} dead letters in the background.", messages.SUCCESS)
+            handle = replay_matching.enqueue(
+                filters=filters, user_id=request.user.pk, owner=request.user
+            )
+            services.audit(
+                user=request.user,
+                action="replay-matching",
+                count=count,
+                filters=filters,
+                job_id=handle.id,
+            )
+            self.message_user(
+                request, f"Replaying {count} dead letters in the background.", messages.SUCCESS
+            )
             return HttpResponseRedirect(reverse("job_page", args=[handle.id]))
-        return render(request, "admin/jobs/deadletter/replay_matching.html", {
-            **self.admin_site.each_context(request), "opts": self.model._meta, "count": count,
-            "filters": filters, "title": "Replay all matching dead letters",
-        })
+        return render(
+            request,
+            "admin/jobs/deadletter/replay_matching.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "count": count,
+                "filters": filters,
+                "title": "Replay all matching dead letters",
+            },
+        )
 
     def replay_edited_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         """Replay one dead letter with edited arguments (validated; the edit is recorded)."""
         # Editing starts from the raw arguments, so it needs the permission to see them.
-        if not (self.has_replay_permission(request) and request.user.has_perm("jobs.view_raw_arguments")):
-            raise PermissionDenied("Editing arguments needs the replay and view-raw-arguments permissions.")
+        if not (
+            self.has_replay_permission(request) and request.user.has_perm("jobs.view_raw_arguments")
+        ):
+            raise PermissionDenied(
+                "Editing arguments needs the replay and view-raw-arguments permissions."
+            )
         row = get_object_or_404(DeadLetter, pk=pk)
-        initial = {"args": json.dumps(row.args, indent=2), "kwargs": json.dumps(row.kwargs, indent=2)}
+        initial = {
+            "args": json.dumps(row.args, indent=2),
+            "kwargs": json.dumps(row.kwargs, indent=2),
+        }
         form = EditedReplayForm(request.POST or None, initial=initial, task_name=row.task_name)
         if request.method == "POST" and form.is_valid():
             try:
                 handle = services.dead_letter_replay(
-                    dead_letter=row, by=request.user,
-                    args=form.cleaned_data["args"], kwargs=form.cleaned_data["kwargs"],
+                    dead_letter=row,
+                    by=request.user,
+                    args=form.cleaned_data["args"],
+                    kwargs=form.cleaned_data["kwargs"],
                 )
             except BacklotError as exc:
                 form.add_error(None, str(exc))
             else:
                 services.audit(
-                    user=request.user, action="replay-edited", count=1, dead_letter=row.pk,
-                    job_id=handle.id, before=mask_value({"args": row.args, "kwargs": row.kwargs}),
-                    after=mask_value({"args": form.cleaned_data["args"], "kwargs": form.cleaned_data["kwargs"]}),
+                    user=request.user,
+                    action="replay-edited",
+                    count=1,
+                    dead_letter=row.pk,
+                    job_id=handle.id,
+                    before=mask_value({"args": row.args, "kwargs": row.kwargs}),
+                    after=mask_value(
+                        {"args": form.cleaned_data["args"], "kwargs": form.cleaned_data["kwargs"]}
+                    ),
                 )
                 self.message_user(request, f"Replayed as job {handle.id}.", messages.SUCCESS)
                 return HttpResponseRedirect(reverse("admin:jobs_deadletter_change", args=[row.pk]))
-        return render(request, "admin/jobs/deadletter/replay_edited.html", {
-            **self.admin_site.each_context(request), "opts": self.model._meta, "original": row,
-            "form": form, "title": f"Replay {row.task_name} with edited arguments",
-        })
+        return render(
+            request,
+            "admin/jobs/deadletter/replay_edited.html",
+            {
+                **self.admin_site.each_context(request),
+                "opts": self.model._meta,
+                "original": row,
+                "form": form,
+                "title": f"Replay {row.task_name} with edited arguments",
+            },
+        )
 
 
 @admin.register(AuditEntry)

@@ -26,7 +26,9 @@ def cause_of(problem: str) -> str:
 def alerts_check() -> dict[str, list[str]]:
     """Compare health with the alerted causes; alert new ones, announce recoveries."""
     status, details = health_report()
-    problems = details["checks"].get("problems", []) if status != "down" else ["database or Redis down"]
+    problems = (
+        details["checks"].get("problems", []) if status != "down" else ["database or Redis down"]
+    )
     client = redis_client()
     interval = settings.BACKLOT["ALERT_INTERVAL"]
     current = {cause_of(p): p for p in problems}
@@ -35,7 +37,9 @@ def alerts_check() -> dict[str, list[str]]:
         if client.set(SENT + cause, 1, nx=True, ex=interval):
             client.sadd(ACTIVE, cause)
             logger.warning("Jobs health %s: %s", status, problem)
-            mail_admins(f"jobs {status}: {problem}", f"{problem}\n\nHealth: {status}\n", fail_silently=True)
+            mail_admins(
+                f"jobs {status}: {problem}", f"{problem}\n\nHealth: {status}\n", fail_silently=True
+            )
             fired.append(problem)
     for raw in client.smembers(ACTIVE):
         cause = raw.decode()

@@ -13,7 +13,9 @@ from .models import ApiToken
 
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        found = ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash(token)).first()
+        found = (
+            ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash(token)).first()
+        )
         if found is None or not found.user.is_active:
             return None
         ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())

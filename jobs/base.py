@@ -19,15 +19,15 @@ from celery import Task
 from celery.exceptions import Ignore, Reject, Retry
 from django.conf import settings
 from django.db import DatabaseError
+from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
-from django.utils import timezone
 
 from . import services, telemetry
 from .exceptions import BrokerUnavailable
+from .lease import LeaseKeeper
 from .models import Job
 from .policies import DEFAULT_POLICY, Permanent, Retryable, RetryPolicy, TimeLimitHit
-from .lease import LeaseKeeper
 from .progress import ProgressThrottle
 from .ratelimit import RateLimiter
 
@@ -77,13 +77,27 @@ class PlatformTask(Task):
             owner=owner,
         )
 
-    def apply_async(self, args: Any = None, kwargs: Any = None, task_id: str | None = None,
-                    producer: Any = None, link: Any = None, link_error: Any = None,
-                    shadow: Any = None, **options: Any) -> Any:
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
+        **options: Any,
+    ) -> Any:
         if options.pop("_backlot_internal", False) or self.app.conf.task_always_eager:
             return super().apply_async(
-                args, kwargs, task_id=task_id, producer=producer, link=link,
-                link_error=link_error, shadow=shadow, **options,
+                args,
+                kwargs,
+                task_id=task_id,
+                producer=producer,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                **options,
             )
         # Plain Celery .delay()/.apply_async(): the same ledger-backed path as enqueue().
         passthrough = {k: v for k, v in options.items() if k not in _ENQUEUE_OPTIONS}
@@ -106,9 +120,17 @@ class PlatformTask(Task):
         )
         return self.AsyncResult(handle.id)
 
-    def retry(self, args: Any = None, kwargs: Any = None, exc: BaseException | None = None,
-              throw: bool = True, eta: Any = None, countdown: float | None = None,
-              max_retries: int | None = None, **options: Any) -> Any:
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
         """Celery's retry() maps onto the retry policy: a Retryable with the asked delay."""
         raise Retryable(str(exc or "retry requested"), retry_after=countdown) from exc
 
@@ -143,10 +165,17 @@ class PlatformTask(Task):
             claim = None
             if self.track:
                 claim = services.job_claim(
-                    job_id=request.id, lease_seconds=self.lease_seconds(),
-                    adopt=Job(id=request.id, task_name=self.name, args=list(args), kwargs=dict(kwargs),
-                              queue=self._queue_of_request(), priority=self._priority_of_request(),
-                              max_attempts=self.policy.max_attempts),
+                    job_id=request.id,
+                    lease_seconds=self.lease_seconds(),
+                    adopt=Job(
+                        id=request.id,
+                        task_name=self.name,
+                        args=list(args),
+                        kwargs=dict(kwargs),
+                        queue=self._queue_of_request(),
+                        priority=self._priority_of_request(),
+                        max_attempts=self.policy.max_attempts,
+                    ),
                 )
                 if claim is None:
                     raise Ignore()
@@ -158,8 +187,14 @@ class PlatformTask(Task):
             raise
         except Exception as exc:  # e.g. a broken rate_key: the job cannot start, record why
             services.dead_letter_create(
-                task=self, job_id=request.id, args=args, kwargs=kwargs, attempt=0, exc=exc,
-                priority=self._priority_of_request(), queue=self._queue_of_request(),
+                task=self,
+                job_id=request.id,
+                args=args,
+                kwargs=kwargs,
+                attempt=0,
+                exc=exc,
+                priority=self._priority_of_request(),
+                queue=self._queue_of_request(),
             )
             self._event("dead", 0)
             self.gave_up(exc, args, kwargs)
@@ -168,8 +203,11 @@ class PlatformTask(Task):
         failures = claim.failures if claim else []
         self._event("started", attempt)
         keeper = (
-            LeaseKeeper(job_id=request.id, attempt=attempt, lease_seconds=self.lease_seconds()).start()
-            if claim else None
+            LeaseKeeper(
+                job_id=request.id, attempt=attempt, lease_seconds=self.lease_seconds()
+            ).start()
+            if claim
+            else None
         )
         started = time.monotonic()
         try:
@@ -184,13 +222,21 @@ class PlatformTask(Task):
                 services.job_release(job_id=request.id)
                 raise
             self._attempt_failed(
-                Permanent(f"rejected: {exc.reason}"), args=args, kwargs=kwargs, attempt=attempt,
-                failures=failures, run_seconds=time.monotonic() - started,
+                Permanent(f"rejected: {exc.reason}"),
+                args=args,
+                kwargs=kwargs,
+                attempt=attempt,
+                failures=failures,
+                run_seconds=time.monotonic() - started,
             )
             raise
         except Exception as exc:
             self._attempt_failed(
-                exc, args=args, kwargs=kwargs, attempt=attempt, failures=failures,
+                exc,
+                args=args,
+                kwargs=kwargs,
+                attempt=attempt,
+                failures=failures,
                 run_seconds=time.monotonic() - started,
             )
             raise  # gave up: Celery records the failure and acknowledges after the dead letter
@@ -210,30 +256,55 @@ class PlatformTask(Task):
         self._event("succeeded", attempt, duration)
 
     def _event(self, event: str, attempt: int, duration: float | None = None) -> None:
-        telemetry.job_event(event, job_id=self.request.id, task=self.name,
-                            queue=self._queue_of_request(), attempt=attempt, duration=duration)
+        telemetry.job_event(
+            event,
+            job_id=self.request.id,
+            task=self.name,
+            queue=self._queue_of_request(),
+            attempt=attempt,
+            duration=duration,
+        )
 
     def _attempt_failed(
-        self, exc: BaseException, *, args: tuple, kwargs: dict, attempt: int,
-        failures: list[dict[str, Any]], run_seconds: float | None = None, traceback: str = "",
+        self,
+        exc: BaseException,
+        *,
+        args: tuple,
+        kwargs: dict,
+        attempt: int,
+        failures: list[dict[str, Any]],
+        run_seconds: float | None = None,
+        traceback: str = "",
     ) -> None:
         """Retry later (raising celery's Retry) or write the dead letter and return."""
-        reason = TimeLimitHit(str(exc) or "soft time limit") if isinstance(
-            exc, SoftTimeLimitExceeded
-        ) else exc
+        reason = (
+            TimeLimitHit(str(exc) or "soft time limit")
+            if isinstance(exc, SoftTimeLimitExceeded)
+            else exc
+        )
         job_id = self.request.id
         if self.policy.should_retry(reason, attempt):
             delay = self.policy.delay_for(attempt)
             if isinstance(reason, Retryable) and reason.retry_after is not None:
                 delay = max(0.0, float(reason.retry_after))
-            if not self._schedule_retry(job_id, args, kwargs, attempt, failures, reason, delay, run_seconds):
+            if not self._schedule_retry(
+                job_id, args, kwargs, attempt, failures, reason, delay, run_seconds
+            ):
                 raise Ignore()  # this run lost its claim; the job's current run decides
             self._event("retrying", attempt, run_seconds)
             raise Retry(exc=reason, when=delay)
         services.dead_letter_create(
-            task=self, job_id=job_id, args=args, kwargs=kwargs, attempt=attempt, exc=reason,
-            traceback=traceback, failures=failures, run_seconds=run_seconds,
-            priority=self._priority_of_request(), queue=self._queue_of_request(),
+            task=self,
+            job_id=job_id,
+            args=args,
+            kwargs=kwargs,
+            attempt=attempt,
+            exc=reason,
+            traceback=traceback,
+            failures=failures,
+            run_seconds=run_seconds,
+            priority=self._priority_of_request(),
+            queue=self._queue_of_request(),
             claimed_attempt=attempt if self.track else None,
         )
         self._event("dead", attempt, run_seconds)
@@ -248,14 +319,26 @@ class PlatformTask(Task):
         except Exception:
             logger.exception("on_dead hook of %s failed", self.name)
 
-    def _schedule_retry(self, job_id: str, args: tuple, kwargs: dict, attempt: int,
-                        failures: list[dict[str, Any]], exc: BaseException, delay: float,
-                        run_seconds: float | None) -> bool:
+    def _schedule_retry(
+        self,
+        job_id: str,
+        args: tuple,
+        kwargs: dict,
+        attempt: int,
+        failures: list[dict[str, Any]],
+        exc: BaseException,
+        delay: float,
+        run_seconds: float | None,
+    ) -> bool:
         """Record the failed attempt and publish the next; False if this run lost its claim."""
         due: datetime | None = timezone.now() + timedelta(seconds=delay)
         if self.track:
             due = services.job_retry_later(
-                job_id=job_id, attempt=attempt, failures=failures, exc=exc, delay=delay,
+                job_id=job_id,
+                attempt=attempt,
+                failures=failures,
+                exc=exc,
+                delay=delay,
                 run_seconds=run_seconds or 0.0,
             )
             if due is None:
@@ -266,8 +349,14 @@ class PlatformTask(Task):
             raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")
         return True
 
-    def _resend(self, args: tuple, kwargs: dict, due: Any, options: dict[str, Any],
-                mark_published: bool = True) -> bool:
+    def _resend(
+        self,
+        args: tuple,
+        kwargs: dict,
+        due: Any,
+        options: dict[str, Any],
+        mark_published: bool = True,
+    ) -> bool:
         """Publish this job's message again (same id) for `due`; the relay covers a failure.
 
         Canvas links (chain, chord, group, callbacks) ride along, so a retried chord member
@@ -279,8 +368,11 @@ class PlatformTask(Task):
             if value is not None and key not in _NOT_CARRIED
         }
         job = Job(
-            id=self.request.id, args=list(args), kwargs=dict(kwargs),
-            queue=self._queue_of_request(), priority=self._priority_of_request(),
+            id=self.request.id,
+            args=list(args),
+            kwargs=dict(kwargs),
+            queue=self._queue_of_request(),
+            priority=self._priority_of_request(),
             scheduled_for=due,
         )
         return services.job_publish(
@@ -313,8 +405,13 @@ class PlatformTask(Task):
         # visibility timeout; it comes back, asks again and waits some more.
         wait = min(decision.wait, settings.BACKLOT["MAX_BROKER_COUNTDOWN"])
         due = timezone.now() + timedelta(seconds=wait)
-        if not self._resend(args, kwargs, due, {"retries": request.retries or 0, "headers": headers},
-                            mark_published=False):
+        if not self._resend(
+            args,
+            kwargs,
+            due,
+            {"retries": request.retries or 0, "headers": headers},
+            mark_published=False,
+        ):
             raise Reject("rate-limited job could not be re-sent", requeue=True)
         telemetry.record_rate_limited(self.name)
         logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
@@ -336,6 +433,8 @@ class PlatformTask(Task):
 
 
 # Message options a re-sent job does not inherit from the delivery it replaces.
-_NOT_CARRIED = frozenset({"task_id", "headers", "retries", "expires", "time_limit", "soft_time_limit"})
+_NOT_CARRIED = frozenset(
+    {"task_id", "headers", "retries", "expires", "time_limit", "soft_time_limit"}
+)
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
 _ENQUEUE_OPTIONS = frozenset({"priority", "countdown", "eta", "queue"})

@@ -46,7 +46,9 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
             logger.warning("Beat cannot reach Redis for the leader lock: %s", exc)
             leading = False
         if leading != self.leading:
-            logger.warning("Beat %s %s the leader", self.identity, "is now" if leading else "is no longer")
+            logger.warning(
+                "Beat %s %s the leader", self.identity, "is now" if leading else "is no longer"
+            )
             self.leading = leading
         return leading
 

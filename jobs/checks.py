@@ -52,7 +52,7 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 )
             )
         limit = task.cluster_rate_limit
-        for rate in (limit.values() if isinstance(limit, dict) else [limit]):
+        for rate in limit.values() if isinstance(limit, dict) else [limit]:
             if rate is None:
                 continue
             try:
@@ -72,22 +72,38 @@ def check_redis_durability(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     import redis
 
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
         info = client.info("memory") | client.info("persistence")
     except redis.RedisError as exc:
-        return [Warning(f"Redis at REDIS_URL is unreachable ({type(exc).__name__}); "
-                        "cannot check its durability settings.", id="jobs.W002")]
+        return [
+            Warning(
+                f"Redis at REDIS_URL is unreachable ({type(exc).__name__}); "
+                "cannot check its durability settings.",
+                id="jobs.W002",
+            )
+        ]
     problems: list[Any] = []
     if info.get("maxmemory_policy") != "noeviction":
-        problems.append(Warning(
-            f"Redis maxmemory-policy is {info.get('maxmemory_policy')!r}: under memory pressure it "
-            "may evict queued jobs.", hint="Set maxmemory-policy noeviction.", id="jobs.W003"))
+        problems.append(
+            Warning(
+                f"Redis maxmemory-policy is {info.get('maxmemory_policy')!r}: under memory pressure it "
+                "may evict queued jobs.",
+                hint="Set maxmemory-policy noeviction.",
+                id="jobs.W003",
+            )
+        )
     try:
         snapshots = bool(client.config_get("save").get("save"))
     except redis.RedisError:  # managed Redis may refuse CONFIG: assume its provider persists
         snapshots = True
     if not info.get("aof_enabled") and not snapshots:
-        problems.append(Warning(
-            "Redis persistence is off: a restart loses every queued job not yet in the ledger.",
-            hint="Run Redis with appendonly yes.", id="jobs.W004"))
+        problems.append(
+            Warning(
+                "Redis persistence is off: a restart loses every queued job not yet in the ledger.",
+                hint="Run Redis with appendonly yes.",
+                id="jobs.W004",
+            )
+        )
     return problems

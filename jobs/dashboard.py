@@ -24,26 +24,41 @@ CHART_MINUTES = 60
 def dashboard_data() -> dict[str, Any]:
     now = timezone.now()
     hour_ago = now - timedelta(hours=1)
-    dead = dict(DeadLetter.objects.unresolved().values("queue").annotate(n=Count("id")).values_list("queue", "n"))
+    dead = dict(
+        DeadLetter.objects.unresolved()
+        .values("queue")
+        .annotate(n=Count("id"))
+        .values_list("queue", "n")
+    )
     finished = {
         (row["queue"], row["state"]): row["n"]
-        for row in Job.objects.filter(finished_at__gte=hour_ago).values("queue", "state").annotate(n=Count("id"))
+        for row in Job.objects.filter(finished_at__gte=hour_ago)
+        .values("queue", "state")
+        .annotate(n=Count("id"))
     }
     recent = {
         row["queue"]: row["n"]
-        for row in Job.objects.filter(finished_at__gte=now - timedelta(minutes=5), state=JobState.SUCCEEDED)
-        .values("queue").annotate(n=Count("id"))
+        for row in Job.objects.filter(
+            finished_at__gte=now - timedelta(minutes=5), state=JobState.SUCCEEDED
+        )
+        .values("queue")
+        .annotate(n=Count("id"))
     }
     queues = []
     for q in queue_stats():
-        queues.append({
-            "name": q.name, "waiting": q.waiting, "scheduled": q.scheduled, "running": q.running,
-            "dead_letters": dead.get(q.name, 0),
-            "completed_last_hour": finished.get((q.name, JobState.SUCCEEDED), 0),
-            "failed_last_hour": finished.get((q.name, JobState.DEAD), 0),
-            "throughput_per_minute": round(recent.get(q.name, 0) / 5, 1),
-            "oldest_wait_seconds": round(q.oldest_wait_seconds, 1),
-        })
+        queues.append(
+            {
+                "name": q.name,
+                "waiting": q.waiting,
+                "scheduled": q.scheduled,
+                "running": q.running,
+                "dead_letters": dead.get(q.name, 0),
+                "completed_last_hour": finished.get((q.name, JobState.SUCCEEDED), 0),
+                "failed_last_hour": finished.get((q.name, JobState.DEAD), 0),
+                "throughput_per_minute": round(recent.get(q.name, 0) / 5, 1),
+                "oldest_wait_seconds": round(q.oldest_wait_seconds, 1),
+            }
+        )
     status, details = health_report()
     return {
         "generated_at": now.isoformat(),
@@ -66,19 +81,27 @@ def throughput_svg(now: Any, width: int = 600, height: int = 120) -> str:
     start = (now - timedelta(minutes=CHART_MINUTES)).replace(second=0, microsecond=0)
     per_minute = dict(
         Job.objects.filter(finished_at__gte=start, state=JobState.SUCCEEDED)
-        .annotate(minute=TruncMinute("finished_at")).values("minute").annotate(n=Count("id"))
+        .annotate(minute=TruncMinute("finished_at"))
+        .values("minute")
+        .annotate(n=Count("id"))
         .values_list("minute", "n")
     )
     counts = [per_minute.get(start + timedelta(minutes=i), 0) for i in range(CHART_MINUTES + 1)]
     peak = max(counts) or 1
     step = width / CHART_MINUTES
-    points = " ".join(f"{i * step:.1f},{height - 4 - (c / peak) * (height - 20):.1f}" for i, c in enumerate(counts))
+    points = " ".join(
+        f"{i * step:.1f},{height - 4 - (c / peak) * (height - 20):.1f}"
+        for i, c in enumerate(counts)
+    )
     return format_html(
         '<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="jobs per minute">'
         '<rect width="{w}" height="{h}" fill="#f8fafc" stroke="#dde1e8"/>'
         '<polyline fill="none" stroke="#3451d1" stroke-width="2" points="{p}"/>'
         '<text x="4" y="12" font-size="11" fill="#667085">peak {peak}/min, last 60 min</text></svg>',
-        w=width, h=height, p=points, peak=max(counts),
+        w=width,
+        h=height,
+        p=points,
+        peak=max(counts),
     )
 
 
@@ -89,9 +112,15 @@ def _check(request: HttpRequest) -> None:
 
 def dashboard_view(request: HttpRequest) -> HttpResponse:
     _check(request)
-    return render(request, "admin/jobs/dashboard.html", {
-        **site.each_context(request), "title": "Jobs dashboard", "data": dashboard_data(),
-    })
+    return render(
+        request,
+        "admin/jobs/dashboard.html",
+        {
+            **site.each_context(request),
+            "title": "Jobs dashboard",
+            "data": dashboard_data(),
+        },
+    )
 
 
 def dashboard_json(request: HttpRequest) -> JsonResponse:

@@ -48,7 +48,7 @@ def job(
         soft_time_limit = time_limit * 0.9
     if time_limit is not None and soft_time_limit is not None and soft_time_limit > time_limit:
         raise ValueError(f"soft_time_limit ({soft_time_limit}) exceeds time_limit ({time_limit})")
-    for rate in (rate_limit.values() if isinstance(rate_limit, Mapping) else [rate_limit]):
+    for rate in rate_limit.values() if isinstance(rate_limit, Mapping) else [rate_limit]:
         if rate is not None:
             parse_rate(rate)
 

@@ -22,7 +22,9 @@ class BacklotCollector(Collector):
         scheduled = GaugeMetricFamily(
             "backlot_queue_scheduled", "Jobs waiting for their time per queue.", labels=["queue"]
         )
-        running = GaugeMetricFamily("backlot_queue_running", "Jobs running per queue.", labels=["queue"])
+        running = GaugeMetricFamily(
+            "backlot_queue_running", "Jobs running per queue.", labels=["queue"]
+        )
         oldest = GaugeMetricFamily(
             "backlot_queue_oldest_wait_seconds", "Age of the oldest queued job.", labels=["queue"]
         )

@@ -114,7 +114,9 @@ class Job(models.Model):
     crashes = models.PositiveIntegerField(
         "worker crashes", default=0, help_text="Times a worker process died running it."
     )
-    progress_done = models.PositiveBigIntegerField("progress done", default=0, help_text="Steps done.")
+    progress_done = models.PositiveBigIntegerField(
+        "progress done", default=0, help_text="Steps done."
+    )
     progress_total = models.PositiveBigIntegerField(
         "progress total", null=True, blank=True, help_text="Steps in all, when known."
     )
@@ -122,7 +124,10 @@ class Job(models.Model):
         "progress message", max_length=255, blank=True, default="", help_text="Latest step."
     )
     error = models.TextField(
-        "error", blank=True, default="", help_text="Exception class and message of the last failure."
+        "error",
+        blank=True,
+        default="",
+        help_text="Exception class and message of the last failure.",
     )
     failures = models.JSONField(
         "failures", default=list, blank=True, help_text="One entry per failed attempt."
@@ -406,9 +411,13 @@ class ApiToken(models.Model):
         help_text="The API acts as this user.",
     )
     name = models.CharField("name", max_length=100, help_text="What the token is for.")
-    key_hash = models.CharField("key hash", max_length=64, unique=True, help_text="SHA-256 of the key.")
+    key_hash = models.CharField(
+        "key hash", max_length=64, unique=True, help_text="SHA-256 of the key."
+    )
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Issued.")
-    last_used_at = models.DateTimeField("last used", null=True, blank=True, help_text="Last request.")
+    last_used_at = models.DateTimeField(
+        "last used", null=True, blank=True, help_text="Last request."
+    )
 
     class Meta:
         verbose_name = "API token"
@@ -436,10 +445,17 @@ class AuditEntry(models.Model):
     """An operator action on jobs or dead letters: who, what, how many, when."""
 
     user = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True,
-        related_name="+", verbose_name="user", help_text="Operator who acted.",
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name="user",
+        help_text="Operator who acted.",
     )
-    action = models.CharField("action", max_length=50, help_text="replay, discard, replay-edited, …")
+    action = models.CharField(
+        "action", max_length=50, help_text="replay, discard, replay-edited, …"
+    )
     count = models.PositiveIntegerField("count", default=0, help_text="Rows affected.")
     detail = models.JSONField("detail", default=dict, blank=True, help_text="Filters, ids, edits.")
     created_at = models.DateTimeField("when", default=timezone.now, help_text="When it happened.")

@@ -140,7 +140,9 @@ def health_report() -> tuple[str, dict[str, Any]]:
         checks["queues"] = {q.name: asdict(q) for q in queues}
         for q in queues:
             if q.waiting > limits["HEALTH_MAX_QUEUE_DEPTH"]:
-                problems.append(f"queue {q.name}: {q.waiting} waiting > {limits['HEALTH_MAX_QUEUE_DEPTH']}")
+                problems.append(
+                    f"queue {q.name}: {q.waiting} waiting > {limits['HEALTH_MAX_QUEUE_DEPTH']}"
+                )
             if q.oldest_wait_seconds > limits["HEALTH_MAX_WAIT_SECONDS"]:
                 problems.append(
                     f"queue {q.name}: oldest job waited {q.oldest_wait_seconds:.0f}s > "
@@ -157,7 +159,9 @@ def health_report() -> tuple[str, dict[str, Any]]:
     else:
         problems.append(f"workers unavailable: {workers}")
     if redis_info.get("maxmemory_policy") != "noeviction":
-        problems.append(f"redis maxmemory-policy is {redis_info.get('maxmemory_policy')}, not noeviction")
+        problems.append(
+            f"redis maxmemory-policy is {redis_info.get('maxmemory_policy')}, not noeviction"
+        )
     checks["dead_letters"] = {
         "unresolved": DeadLetter.objects.unresolved().count(),
         "last_hour": DeadLetter.objects.filter(

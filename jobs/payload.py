@@ -40,9 +40,7 @@ def _find_non_json(value: Any, path: str) -> str | None:
     )
 
 
-def payload_check(
-    *, task_name: str, args: tuple | list, kwargs: dict, max_bytes: int
-) -> int:
+def payload_check(*, task_name: str, args: tuple | list, kwargs: dict, max_bytes: int) -> int:
     """Raise InvalidPayload unless args/kwargs are plain JSON under max_bytes; return the size."""
     found = _find_non_json(list(args), "args") or _find_non_json(kwargs, "kwargs")
     if found:

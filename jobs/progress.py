@@ -33,7 +33,9 @@ class ProgressThrottle:
             else:
                 self.pending = (done, total, message)
                 if self.timer is None:
-                    self.timer = threading.Timer(self.interval - (now - self.last_write), self._flush)
+                    self.timer = threading.Timer(
+                        self.interval - (now - self.last_write), self._flush
+                    )
                     self.timer.daemon = True
                     self.timer.start()
                 write = False

@@ -25,7 +25,9 @@ logger = logging.getLogger(__name__)
 
 
 class PlatformRequest(Request):
-    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
         exc = getattr(exc_info, "exception", None)
         exc = getattr(exc, "exc", exc)
         if getattr(self.task, "track", False) or isinstance(exc, TimeLimitExceeded):
@@ -79,8 +81,14 @@ class PlatformRequest(Request):
                 attempt, failures = (self._context.retries or 0) + 1, []
             with _bound_request(task, self):
                 try:
-                    task._attempt_failed(exc, args=tuple(self.args), kwargs=dict(self.kwargs),
-                                         attempt=attempt, failures=failures, traceback=str(exc))
+                    task._attempt_failed(
+                        exc,
+                        args=tuple(self.args),
+                        kwargs=dict(self.kwargs),
+                        attempt=attempt,
+                        failures=failures,
+                        traceback=str(exc),
+                    )
                 except Retry:
                     self._backlot_retrying = True
                 except Ignore:
@@ -95,17 +103,28 @@ class PlatformRequest(Request):
             crashes = services.job_release(job_id=self.id, crashed=True)
             if crashes >= settings.BACKLOT["MAX_WORKER_CRASHES"]:
                 job = Job.objects.filter(id=self.id).only("attempts", "failures").first()
-                reason = WorkerLostError(f"worker process died {crashes} times running this job: {exc}")
+                reason = WorkerLostError(
+                    f"worker process died {crashes} times running this job: {exc}"
+                )
                 services.dead_letter_create(
-                    task=self.task, job_id=self.id, args=self.args, kwargs=self.kwargs,
-                    attempt=job.attempts if job else crashes, failures=list(job.failures) if job else [],
-                    exc=reason, traceback=str(exc),
+                    task=self.task,
+                    job_id=self.id,
+                    args=self.args,
+                    kwargs=self.kwargs,
+                    attempt=job.attempts if job else crashes,
+                    failures=list(job.failures) if job else [],
+                    exc=reason,
+                    traceback=str(exc),
                 )
                 # Celery stores no result for a requeued message: fail it so a chord fires.
                 self.task.backend.mark_as_failure(self.id, reason, request=self._context)
-                telemetry.job_event("dead", job_id=self.id, task=self.task.name,
-                                    queue=(self.delivery_info or {}).get("routing_key", ""),
-                                    attempt=job.attempts if job else crashes)
+                telemetry.job_event(
+                    "dead",
+                    job_id=self.id,
+                    task=self.task.name,
+                    queue=(self.delivery_info or {}).get("routing_key", ""),
+                    attempt=job.attempts if job else crashes,
+                )
                 self.task.gave_up(reason, tuple(self.args), dict(self.kwargs))
         except Exception:
             logger.exception("Could not record the worker loss of job %s", self.id)

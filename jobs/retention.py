@@ -28,7 +28,9 @@ def _delete_in_batches(queryset: Any, dry_run: bool) -> int:
         ids = list(queryset.values_list("pk", flat=True)[:DELETE_BATCH])
         if not ids:
             return total
-        total += queryset.model.objects.filter(pk__in=ids).delete()[1].get(queryset.model._meta.label, 0)
+        total += (
+            queryset.model.objects.filter(pk__in=ids).delete()[1].get(queryset.model._meta.label, 0)
+        )
 
 
 def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
@@ -37,13 +39,17 @@ def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
     limits = settings.BACKLOT
     job_cutoff = now - timedelta(days=limits["JOB_RETENTION_DAYS"])
     dead_cutoff = now - timedelta(days=limits["DEAD_LETTER_RETENTION_DAYS"])
-    jobs = Job.objects.finished().filter(finished_at__lt=job_cutoff).exclude(
-        dead_letter__status=DeadLetterStatus.DEAD
+    jobs = (
+        Job.objects.finished()
+        .filter(finished_at__lt=job_cutoff)
+        .exclude(dead_letter__status=DeadLetterStatus.DEAD)
     )
     resolved = DeadLetter.objects.filter(
         ~Q(status=DeadLetterStatus.DEAD), resolved_at__lt=dead_cutoff
     )
-    effects = Effect.objects.filter(created_at__lt=now - timedelta(days=limits["EFFECT_RETENTION_DAYS"]))
+    effects = Effect.objects.filter(
+        created_at__lt=now - timedelta(days=limits["EFFECT_RETENTION_DAYS"])
+    )
     results = TaskResult.objects.filter(
         date_done__lt=now - timedelta(seconds=settings.CELERY_RESULT_EXPIRES)
     )

@@ -24,6 +24,7 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from .exceptions import BrokerUnavailable, ReplayError, UnknownTask
+from .masking import message_repr
 from .models import (
     CLAIMABLE_STATES,
     AuditEntry,
@@ -33,7 +34,6 @@ from .models import (
     Job,
     JobState,
 )
-from .masking import message_repr
 from .payload import payload_check
 
 if TYPE_CHECKING:
@@ -76,7 +76,9 @@ def broker_priority(priority: int) -> int:
 
 def _check_priority(priority: int) -> int:
     if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
-        raise ValueError(f"priority must be an integer from 0 (lowest) to 9 (highest), got {priority!r}")
+        raise ValueError(
+            f"priority must be an integer from 0 (lowest) to 9 (highest), got {priority!r}"
+        )
     return priority
 
 
@@ -122,7 +124,9 @@ def job_enqueue(
         )
     queue = queue or task.queue_name
     if queue not in settings.BACKLOT_QUEUES:
-        raise ValueError(f"Unknown queue {queue!r}; configured: {', '.join(settings.BACKLOT_QUEUES)}")
+        raise ValueError(
+            f"Unknown queue {queue!r}; configured: {', '.join(settings.BACKLOT_QUEUES)}"
+        )
     payload_check(
         task_name=task.name,
         args=args,
@@ -150,7 +154,9 @@ def job_enqueue(
     if not task.track:
         if idempotency_key:
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
-        _on_commit_or_now(on_commit, lambda: _publish_untracked(job=job, task=task, options=publish_options))
+        _on_commit_or_now(
+            on_commit, lambda: _publish_untracked(job=job, task=task, options=publish_options)
+        )
         return JobHandle(id=str(job.id), task_name=task.name)
 
     with transaction.atomic():
@@ -161,7 +167,9 @@ def job_enqueue(
         else:
             job.save(force_insert=True)
     if _publishes_now(job, now):
-        _on_commit_or_now(on_commit, lambda: job_publish(job=job, task=task, options=publish_options))
+        _on_commit_or_now(
+            on_commit, lambda: job_publish(job=job, task=task, options=publish_options)
+        )
     return JobHandle(id=str(job.id), task_name=task.name)
 
 
@@ -190,9 +198,15 @@ def job_enqueue_many(
         payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
         jobs.append(
             Job(
-                task_name=task.name, args=args, kwargs=kwargs, queue=task.queue_name,
-                priority=priority, owner=owner if getattr(owner, "pk", None) else None,
-                max_attempts=task.policy.max_attempts, enqueued_at=now, replay_of_id=link,
+                task_name=task.name,
+                args=args,
+                kwargs=kwargs,
+                queue=task.queue_name,
+                priority=priority,
+                owner=owner if getattr(owner, "pk", None) else None,
+                max_attempts=task.policy.max_attempts,
+                enqueued_at=now,
+                replay_of_id=link,
             )
         )
     if task.track:
@@ -214,19 +228,30 @@ def _publish_many(*, task: PlatformTask, jobs: list[Job]) -> None:
         with task.app.producer_or_acquire() as producer, producer.batch(max_size=BULK_BATCH):
             for job in jobs:
                 task.apply_async(
-                    job.args, job.kwargs, task_id=str(job.id), queue=job.queue,
-                    priority=broker_priority(job.priority), producer=producer,
-                    argsrepr=message_repr(job.args), kwargsrepr=message_repr(job.kwargs),
+                    job.args,
+                    job.kwargs,
+                    task_id=str(job.id),
+                    queue=job.queue,
+                    priority=broker_priority(job.priority),
+                    producer=producer,
+                    argsrepr=message_repr(job.args),
+                    kwargsrepr=message_repr(job.kwargs),
                     _backlot_internal=True,
                 )
                 published.append(job.id)
     except (KombuError, RedisError, OSError) as exc:
-        logger.warning("Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
-                       len(published), len(jobs), exc)
+        logger.warning(
+            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
+            len(published),
+            len(jobs),
+            exc,
+        )
     if task.track:
         now = timezone.now()
         for start in range(0, len(published), BULK_BATCH):
-            Job.objects.filter(id__in=published[start : start + BULK_BATCH]).update(published_at=now)
+            Job.objects.filter(id__in=published[start : start + BULK_BATCH]).update(
+                published_at=now
+            )
 
 
 def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -235,7 +260,9 @@ def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
     try:
         return json.loads(json.dumps(kept))
     except (TypeError, ValueError):
-        logger.warning("Canvas options of a job are not JSON; the relay would re-send it without them")
+        logger.warning(
+            "Canvas options of a job are not JSON; the relay would re-send it without them"
+        )
         return {}
 
 
@@ -337,7 +364,9 @@ def job_relay(*, limit: int = 500) -> int:
         state=JobState.QUEUED, published_at__lt=now - timedelta(seconds=visibility + 60)
     ).update(published_at=None)
     pending = list(
-        Job.objects.unpublished().filter(enqueued_at__lt=now - RELAY_GRACE).order_by("enqueued_at")[:limit]
+        Job.objects.unpublished()
+        .filter(enqueued_at__lt=now - RELAY_GRACE)
+        .order_by("enqueued_at")[:limit]
     ) + list(Job.objects.due(now).order_by("scheduled_for")[:limit])
     sent = 0
     for job in pending:
@@ -378,8 +407,15 @@ def job_claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) ->
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
-            .only("state", "attempts", "max_attempts", "failures", "lease_expires_at", "started_at",
-                  "scheduled_for")
+            .only(
+                "state",
+                "attempts",
+                "max_attempts",
+                "failures",
+                "lease_expires_at",
+                "started_at",
+                "scheduled_for",
+            )
             .filter(id=job_id)
             .first()
         )
@@ -409,7 +445,9 @@ def job_claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) ->
         ):
             # A stray copy arrived before the job's time (a requeue, a relay duplicate): drop it
             # and let the relay publish the job when it is due.
-            logger.info("Job %s is not due until %s; early delivery dropped", job_id, job.scheduled_for)
+            logger.info(
+                "Job %s is not due until %s; early delivery dropped", job_id, job.scheduled_for
+            )
             Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1, published_at=None)
             return None
         job.state = JobState.RUNNING
@@ -445,13 +483,22 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
         return fields["started_at"].get_db_prep_value(value, connection)
 
     params = [
-        JobState.RUNNING, at(now), at(now), at(now + timedelta(seconds=lease_seconds)),
+        JobState.RUNNING,
+        at(now),
+        at(now),
+        at(now + timedelta(seconds=lease_seconds)),
         fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), connection),
-        JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING, at(now + EARLY_TOLERANCE),
-        JobState.RUNNING, at(now),
+        JobState.QUEUED,
+        JobState.SCHEDULED,
+        JobState.RETRYING,
+        at(now + EARLY_TOLERANCE),
+        JobState.RUNNING,
+        at(now),
     ]
     with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL.format(table=connection.ops.quote_name(Job._meta.db_table)), params)
+        cursor.execute(
+            _CLAIM_SQL.format(table=connection.ops.quote_name(Job._meta.db_table)), params
+        )
         row = cursor.fetchone()
     if row is None:
         return None
@@ -472,13 +519,15 @@ def job_renew_lease(*, job_id: str, attempt: int, lease_seconds: float) -> bool:
 
 def job_succeeded(*, job_id: str, attempt: int, run_seconds: float) -> bool:
     """Finish the run that holds the claim (`attempt`); a run that lost its claim changes nothing."""
-    return bool(Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
-        state=JobState.SUCCEEDED,
-        finished_at=timezone.now(),
-        lease_expires_at=None,
-        run_seconds=run_seconds,
-        error="",
-    ))
+    return bool(
+        Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
+            state=JobState.SUCCEEDED,
+            finished_at=timezone.now(),
+            lease_expires_at=None,
+            run_seconds=run_seconds,
+            error="",
+        )
+    )
 
 
 def job_progress(*, job_id: str, done: int, total: int | None, message: str) -> None:
@@ -491,17 +540,29 @@ def job_progress(*, job_id: str, done: int, total: int | None, message: str) -> 
 
 def describe_exception(exc: BaseException) -> tuple[str, str]:
     cls = type(exc)
-    name = cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
     return name, str(exc)
 
 
 def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str, Any]:
     name, message = describe_exception(exc)
-    return {"attempt": attempt, "at": when.isoformat(), "exception": name, "message": message[:1000]}
+    return {
+        "attempt": attempt,
+        "at": when.isoformat(),
+        "exception": name,
+        "message": message[:1000],
+    }
 
 
 def job_retry_later(
-    *, job_id: str, attempt: int, failures: list[dict[str, Any]], exc: BaseException, delay: float,
+    *,
+    job_id: str,
+    attempt: int,
+    failures: list[dict[str, Any]],
+    exc: BaseException,
+    delay: float,
     run_seconds: float,
 ) -> datetime | None:
     """Record a failed attempt and schedule the next; returns when it is due, or None when this
@@ -550,10 +611,14 @@ def dead_letter_create(
     tb = traceback or "".join(traceback_module.format_exception(exc))
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).first() if task.track else None
-        if job is not None and claimed_attempt is not None and (
-            job.state != JobState.RUNNING or job.attempts != claimed_attempt
+        if (
+            job is not None
+            and claimed_attempt is not None
+            and (job.state != JobState.RUNNING or job.attempts != claimed_attempt)
         ):
-            logger.warning("Job %s: run %s lost its claim; not writing a dead letter", job_id, claimed_attempt)
+            logger.warning(
+                "Job %s: run %s lost its claim; not writing a dead letter", job_id, claimed_attempt
+            )
             return None
         history = (failures or []) + [_failure_entry(attempt, exc, now)]
         if job is not None:
@@ -567,7 +632,12 @@ def dead_letter_create(
                 job.run_seconds = run_seconds
             job.save(
                 update_fields=[
-                    "state", "finished_at", "failed_at", "lease_expires_at", "error", "failures",
+                    "state",
+                    "finished_at",
+                    "failed_at",
+                    "lease_expires_at",
+                    "error",
+                    "failures",
                     "run_seconds",
                 ]
             )
@@ -581,7 +651,9 @@ def dead_letter_create(
                 args=list(args),
                 kwargs=dict(kwargs),
                 queue=job.queue if job else (queue or task.queue_name),
-                priority=job.priority if job else (priority if priority is not None else task.default_priority),
+                priority=job.priority
+                if job
+                else (priority if priority is not None else task.default_priority),
                 owner_id=job.owner_id if job else None,
                 attempts=attempt,
                 exception_class=name,
@@ -619,7 +691,9 @@ def dead_letter_replay(
     with transaction.atomic():
         row = DeadLetter.objects.select_for_update().get(pk=dead_letter.pk)
         if row.status != DeadLetterStatus.DEAD:
-            raise ReplayError(f"Dead letter {row.pk} is already {row.status}; it cannot be replayed")
+            raise ReplayError(
+                f"Dead letter {row.pk} is already {row.status}; it cannot be replayed"
+            )
         task = task_by_name(row.task_name)
         handle = job_enqueue(
             task=task,
@@ -657,13 +731,18 @@ def dead_letter_replay_many(
     from .registry import task_by_name
 
     outcome = BulkOutcome(errors=[])
-    ids = list(queryset.filter(status=DeadLetterStatus.DEAD).order_by("pk").values_list("pk", flat=True)[:limit])
+    ids = list(
+        queryset.filter(status=DeadLetterStatus.DEAD)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
     user = by if getattr(by, "pk", None) else None
     for start in range(0, len(ids), BULK_BATCH):
         with transaction.atomic():
             rows = list(
-                DeadLetter.objects.select_for_update(skip_locked=True)
-                .filter(pk__in=ids[start : start + BULK_BATCH], status=DeadLetterStatus.DEAD)
+                DeadLetter.objects.select_for_update(skip_locked=True).filter(
+                    pk__in=ids[start : start + BULK_BATCH], status=DeadLetterStatus.DEAD
+                )
             )
             outcome.skipped += len(ids[start : start + BULK_BATCH]) - len(rows)
             groups: dict[tuple[str, int], list[DeadLetter]] = {}
@@ -679,7 +758,9 @@ def dead_letter_replay_many(
                     outcome.skipped += len(group)
                     continue
                 job_ids = job_enqueue_many(
-                    task=task, calls=[(row.args, row.kwargs) for row in group], priority=priority,
+                    task=task,
+                    calls=[(row.args, row.kwargs) for row in group],
+                    priority=priority,
                     replay_of=[row.pk for row in group],
                 )
                 for row, job_id in zip(group, job_ids, strict=True):
@@ -688,7 +769,9 @@ def dead_letter_replay_many(
                     row.resolved_at, row.resolved_by = now, user
                     replayed.append(row)
             DeadLetter.objects.bulk_update(
-                replayed, ["status", "replayed_job", "resolved_at", "resolved_by"], batch_size=BULK_BATCH
+                replayed,
+                ["status", "replayed_job", "resolved_at", "resolved_by"],
+                batch_size=BULK_BATCH,
             )
             outcome.done += len(replayed)
         if progress:
@@ -709,7 +792,9 @@ def audit(*, user: Any, action: str, count: int, **detail: Any) -> None:
     AuditEntry.objects.create(
         user=user if getattr(user, "pk", None) else None, action=action, count=count, detail=detail
     )
-    logger.info("Operator action %s on %s row(s) by user %s", action, count, getattr(user, "pk", None))
+    logger.info(
+        "Operator action %s on %s row(s) by user %s", action, count, getattr(user, "pk", None)
+    )
 
 
 def dead_letter_discard(*, dead_letter: DeadLetter, by: Any = None) -> bool:

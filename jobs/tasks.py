@@ -18,13 +18,19 @@ def relay() -> int:
 
 
 @job(name="jobs.replay_matching", bind=True, time_limit=3600, retry=RetryPolicy(max_attempts=3))
-def replay_matching(self: Any, filters: dict[str, str], user_id: int | None = None) -> dict[str, Any]:
+def replay_matching(
+    self: Any, filters: dict[str, str], user_id: int | None = None
+) -> dict[str, Any]:
     """Replay every unresolved dead letter matching operator filters (admin, command)."""
     user = get_user_model().objects.filter(pk=user_id).first() if user_id else None
     outcome = services.dead_letter_replay_many(
         queryset=DeadLetter.objects.matching(filters), by=user, progress=self.progress
     )
-    return {"replayed": outcome.done, "skipped": outcome.skipped, "errors": (outcome.errors or [])[:20]}
+    return {
+        "replayed": outcome.done,
+        "skipped": outcome.skipped,
+        "errors": (outcome.errors or [])[:20],
+    }
 
 
 @shared_task(name="jobs.retention", ignore_result=True)

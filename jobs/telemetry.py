@@ -46,7 +46,9 @@ def record_rate_limited(task: str) -> None:
 def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
     client = redis_client()
     finished = CounterMetricFamily(
-        "backlot_jobs_finished", "Job attempts finished, by task and outcome.", labels=["task", "state"]
+        "backlot_jobs_finished",
+        "Job attempts finished, by task and outcome.",
+        labels=["task", "state"],
     )
     for field, count in client.hgetall(FINISHED).items():
         task, _, state = field.decode().partition("\t")
@@ -62,7 +64,7 @@ def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         "backlot_job_run_seconds", "Run time of job attempts.", labels=["task"]
     )
     for key in client.scan_iter(match=RUNTIME + "*", count=500):
-        task = key.decode()[len(RUNTIME):]
+        task = key.decode()[len(RUNTIME) :]
         values = {k.decode(): v for k, v in client.hgetall(key).items()}
         cumulative, buckets = 0, []
         for bound in [*map(str, BUCKETS), "+Inf"]:
@@ -72,17 +74,37 @@ def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
     yield runtime
 
 
-def job_event(event: str, *, job_id: str, task: str, queue: str, attempt: int,
-              duration: float | None = None, outcome: str | None = None) -> None:
+def job_event(
+    event: str,
+    *,
+    job_id: str,
+    task: str,
+    queue: str,
+    attempt: int,
+    duration: float | None = None,
+    outcome: str | None = None,
+) -> None:
     """One structured log line per job start, retry, success, failure and dead letter;
     finished attempts also count in the metrics. Ids and names only: no arguments."""
     level = logging.WARNING if event in ("dead", "failed") else logging.INFO
     job_logger.log(
         level,
         "job %s id=%s task=%s queue=%s attempt=%s%s",
-        event, job_id, task, queue, attempt, f" duration={duration:.3f}s" if duration is not None else "",
-        extra={"event": event, "job_id": job_id, "task": task, "queue": queue, "attempt": attempt,
-               "duration": duration, "outcome": outcome or event},
+        event,
+        job_id,
+        task,
+        queue,
+        attempt,
+        f" duration={duration:.3f}s" if duration is not None else "",
+        extra={
+            "event": event,
+            "job_id": job_id,
+            "task": task,
+            "queue": queue,
+            "attempt": attempt,
+            "duration": duration,
+            "outcome": outcome or event,
+        },
     )
     if event in ("succeeded", "retrying", "dead"):
         record_outcome(task, event, duration)

@@ -37,8 +37,6 @@ def media_path(relative: str) -> Path:
     return Path(settings.MEDIA_ROOT) / relative
 
 
-
-
 def formats_parse(values: Iterable[str] | None) -> list[str]:
     """The requested formats in ladder order, without repeats; "360p,720p" counts as two.
 

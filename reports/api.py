@@ -17,7 +17,7 @@ from ninja.errors import HttpError
 from . import services
 from .exceptions import ReportInputError, ReportNotReady
 from .models import Report, ReportOrigin
-from .schemas import ReportErrorOut, ReportCreatedOut, ReportIn, ReportOut, report_input_parse
+from .schemas import ReportCreatedOut, ReportErrorOut, ReportIn, ReportOut, report_input_parse
 
 router = Router(tags=["reports"])
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, time, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -63,7 +62,7 @@ def buckets(start: date, end: date, size: str, zone: ZoneInfo | None = None) -> 
         if zone is None:
             raise ValueError("hourly buckets need the period's time zone")
         # Step in UTC: a day has 23 or 25 hours when the clocks change.
-        current = datetime.combine(start, time.min, zone).astimezone(dt_timezone.utc)
+        current = datetime.combine(start, time.min, zone).astimezone(UTC)
         stop = datetime.combine(end + timedelta(days=1), time.min, zone)
         hours: list[Bucket] = []
         while current < stop:

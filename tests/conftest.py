@@ -22,8 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / ".data" / "test-logs"
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.05,
-               what: str = "condition") -> Any:
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 20,
+    interval: float = 0.05,
+    what: str = "condition",
+) -> Any:
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -58,12 +62,30 @@ class Worker:
         self.log = open(self.log_path, "wb")
         self.process = subprocess.Popen(
             [
-                sys.executable, "-m", "celery", "-A", "config", "worker",
-                "-Q", queues, "-c", str(concurrency), "-n", self.name,
-                "-I", "tests.support.tasks", "--without-gossip", "--without-mingle",
-                "--without-heartbeat", "-l", "INFO",
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "worker",
+                "-Q",
+                queues,
+                "-c",
+                str(concurrency),
+                "-n",
+                self.name,
+                "-I",
+                "tests.support.tasks",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "INFO",
             ],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         wait_until(self.ready, timeout=60, interval=0.25, what=f"worker {self.name} to answer")
@@ -74,8 +96,9 @@ class Worker:
         return bool(celery_app.control.ping(destination=[self.name], timeout=0.5))
 
     def pool_pids(self) -> list[int]:
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)], capture_output=True, text=True
+        ).stdout
         return [int(p) for p in out.split()]
 
     def stop(self) -> None:
@@ -120,18 +143,25 @@ def worker_env(django_db_setup: Any, django_db_blocker: Any, smtp_server: Any) -
             "which starts PostgreSQL and sets DATABASE_URL."
         )
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return {**os.environ, "DATABASE_URL": url, "REDIS_URL": settings.REDIS_URL,
-            "BACKLOT_PROGRESS_INTERVAL": "0.1", "PYTHONUNBUFFERED": "1",
-            "EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(smtp_server.port),
-            "MEDIA_ROOT": str(settings.MEDIA_ROOT)}
+    return {
+        **os.environ,
+        "DATABASE_URL": url,
+        "REDIS_URL": settings.REDIS_URL,
+        "BACKLOT_PROGRESS_INTERVAL": "0.1",
+        "PYTHONUNBUFFERED": "1",
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(smtp_server.port),
+        "MEDIA_ROOT": str(settings.MEDIA_ROOT),
+    }
 
 
 @pytest.fixture(scope="session")
 def start_worker(worker_env: dict[str, str]) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(name: str = "worker", queues: str = "default,emails,media", concurrency: int = 2,
-              **env: str) -> Worker:
+    def start(
+        name: str = "worker", queues: str = "default,emails,media", concurrency: int = 2, **env: str
+    ) -> Worker:
         worker = Worker(name, queues, concurrency, {**worker_env, **env})
         started.append(worker)
         return worker

@@ -19,10 +19,19 @@ def make_dead_letters(count: int, marker: str) -> None:
     now = timezone.now()
     rows = [
         DeadLetter(
-            job_id_value=uuid.uuid4(), task_name=bench.noop.name, args=[i], kwargs={},
-            queue="default", priority=5, attempts=3, exception_class="ConnectionError",
-            exception_message=marker, traceback="Traceback (most recent call last): ...",
-            first_failed_at=now, last_failed_at=now, status=DeadLetterStatus.DEAD,
+            job_id_value=uuid.uuid4(),
+            task_name=bench.noop.name,
+            args=[i],
+            kwargs={},
+            queue="default",
+            priority=5,
+            attempts=3,
+            exception_class="ConnectionError",
+            exception_message=marker,
+            traceback="Traceback (most recent call last): ...",
+            first_failed_at=now,
+            last_failed_at=now,
+            status=DeadLetterStatus.DEAD,
         )
         for i in range(count)
     ]
@@ -46,14 +55,21 @@ def run(*, full: bool = False) -> CaseResult:
         make_dead_letters(count, marker)
         connection.close()
         started = clock()
-        outcome = dead_letter_replay_many(queryset=DeadLetter.objects.filter(exception_message=marker))
+        outcome = dead_letter_replay_many(
+            queryset=DeadLetter.objects.filter(exception_message=marker)
+        )
         seconds.append(clock() - started)
         if outcome.done != count or queued() != count:
             raise AssertionError(f"replayed {outcome.done}, queued {queued()}, expected {count}")
         connection.close()
     empty_queues()
-    result.figure("replay seconds", seconds, "s", higher_is_better=False,
-                  what=f"{count:,} dead letters -> new jobs (ledger rows + messages) + rows marked replayed")
+    result.figure(
+        "replay seconds",
+        seconds,
+        "s",
+        higher_is_better=False,
+        what=f"{count:,} dead letters -> new jobs (ledger rows + messages) + rows marked replayed",
+    )
     result.figure("replay rate", [count / s for s in seconds], "jobs/s")
     scaled = result.figures["replay seconds"]["median"] * (size.issue / count)
     result.target("10,000 dead-letter replays (s)", scaled, "<= 5 s", scaled <= 5)

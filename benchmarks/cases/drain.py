@@ -34,7 +34,10 @@ from jobs.services import job_enqueue_many
 # variant -> (task, what it is)
 VARIANTS: dict[str, tuple[Any, str]] = {
     "bare": (bench.bare_noop, "bare Celery @shared_task, no result backend"),
-    "bare_results": (bench.bare_noop_results, "bare Celery + django-celery-results (the project's result backend)"),
+    "bare_results": (
+        bench.bare_noop_results,
+        "bare Celery + django-celery-results (the project's result backend)",
+    ),
     "ledger_off": (bench.noop_untracked, "Backlot @job track=False"),
     "ledger_on": (bench.noop, "Backlot @job track=True (ledger)"),
 }
@@ -52,11 +55,18 @@ def queue_backlog(task: Any, count: int) -> None:
         return
     for start in range(0, count, CHUNK):
         with transaction.atomic():
-            job_enqueue_many(task=task, calls=[((i,), {}) for i in range(start, min(count, start + CHUNK))])
+            job_enqueue_many(
+                task=task, calls=[((i,), {}) for i in range(start, min(count, start + CHUNK))]
+            )
 
 
-def drain_rounds(result: CaseResult, workers_for: dict[str, list[Worker]], count: int, repeats: int,
-                 timeout: float) -> dict[str, list[float]]:
+def drain_rounds(
+    result: CaseResult,
+    workers_for: dict[str, list[Worker]],
+    count: int,
+    repeats: int,
+    timeout: float,
+) -> dict[str, list[float]]:
     """Alternate the variants `repeats` times (the order flips every round); jobs/s per
     variant. CPU shares and, on PostgreSQL, new connections per job go to result.extra."""
     variants = list(workers_for)
@@ -80,7 +90,9 @@ def drain_rounds(result: CaseResult, workers_for: dict[str, list[Worker]], count
             rates[variant].append(count / seconds)
             done = _succeeded(task) - succeeded_before
             if getattr(task, "track", False) and done != count:
-                result.notes.append(f"{variant} round {round_no + 1}: {done} of {count} ledger rows succeeded")
+                result.notes.append(
+                    f"{variant} round {round_no + 1}: {done} of {count} ledger rows succeeded"
+                )
             connection.close()
     for variant in variants:
         shares = cpu[variant]
@@ -89,7 +101,8 @@ def drain_rounds(result: CaseResult, workers_for: dict[str, list[Worker]], count
         }
         if sessions[variant]:
             result.extra.setdefault("new_db_connections_per_job", {})[variant] = round(
-                sorted(sessions[variant])[len(sessions[variant]) // 2], 3)
+                sorted(sessions[variant])[len(sessions[variant]) // 2], 3
+            )
     return rates
 
 
@@ -120,13 +133,20 @@ def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
     result = CaseResult(
         case=f"drain_{db}",
         title=f"1. Drain throughput, one worker prefork -c 2, {'PostgreSQL' if db == 'pg' else 'SQLite'}",
-        params={"jobs_per_drain": count, "issue_jobs_per_drain": size.issue, "rounds": size.repeats,
-                "worker": "celery -A config worker -c 2 -P prefork", "database": db,
-                "prefetch_multiplier": settings.CELERY_WORKER_PREFETCH_MULTIPLIER,
-                "conn_max_age": settings.DATABASES["default"]["CONN_MAX_AGE"]},
+        params={
+            "jobs_per_drain": count,
+            "issue_jobs_per_drain": size.issue,
+            "rounds": size.repeats,
+            "worker": "celery -A config worker -c 2 -P prefork",
+            "database": db,
+            "prefetch_multiplier": settings.CELERY_WORKER_PREFETCH_MULTIPLIER,
+            "conn_max_age": settings.DATABASES["default"]["CONN_MAX_AGE"],
+        },
     )
     if count != size.issue:
-        result.notes.append(f"scaled: {count:,} jobs per drain instead of {size.issue:,} (15-minute budget)")
+        result.notes.append(
+            f"scaled: {count:,} jobs per drain instead of {size.issue:,} (15-minute budget)"
+        )
     if any(v.endswith("_reuse") for v in variants):
         result.notes.append(
             "*_reuse: a second worker with CELERY_DB_REUSE_MAX set (benchmarks/settings_reuse.py); "
@@ -138,7 +158,9 @@ def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
         shipped = workers.start(f"drain-{db}", concurrency=2)
         reuse = None
         if any(v.endswith("_reuse") for v in variants):
-            reuse = workers.start(f"drain-{db}-reuse", concurrency=2, env={"DJANGO_SETTINGS_MODULE": REUSE_SETTINGS})
+            reuse = workers.start(
+                f"drain-{db}-reuse", concurrency=2, env={"DJANGO_SETTINGS_MODULE": REUSE_SETTINGS}
+            )
         every = [w for w in (shipped, reuse) if w]
         for worker in every:
             worker.wait_ready()
@@ -150,25 +172,51 @@ def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
     suffix = "" if db == "pg" else "_sqlite"
     label = {v: v if v == "bare" else v + suffix for v in variants}
     for variant in variants:
-        result.figure(label[variant], rates[variant], "jobs/s", what=VARIANTS[variant.removesuffix("_reuse")][1]
-                      + (" (worker keeps DB connections)" if variant.endswith("_reuse") else ""))
+        result.figure(
+            label[variant],
+            rates[variant],
+            "jobs/s",
+            what=VARIANTS[variant.removesuffix("_reuse")][1]
+            + (" (worker keeps DB connections)" if variant.endswith("_reuse") else ""),
+        )
     for variant in variants:
         if variant != "bare":
             result.ratio(f"{label[variant]} / bare", rates[variant], rates["bare"])
     if db == "pg":
-        on = result.ratio("ledger_on / bare_results_reuse", rates["ledger_on"], rates["bare_results_reuse"])
-        result.ratio("ledger_on_reuse / bare_results_reuse", rates["ledger_on_reuse"], rates["bare_results_reuse"])
+        on = result.ratio(
+            "ledger_on / bare_results_reuse", rates["ledger_on"], rates["bare_results_reuse"]
+        )
+        result.ratio(
+            "ledger_on_reuse / bare_results_reuse",
+            rates["ledger_on_reuse"],
+            rates["bare_results_reuse"],
+        )
         vs_bare = result.ratios["ledger_on / bare"]["median"]
         result.target("ledger on (PostgreSQL) / bare drain", vs_bare, ">= 0.5", vs_bare >= 0.5)
-        result.target("ledger on / django-celery-results alone with reused connections", on, ">= 1.0", on >= 1.0)
+        result.target(
+            "ledger on / django-celery-results alone with reused connections",
+            on,
+            ">= 1.0",
+            on >= 1.0,
+        )
         off = result.ratios["ledger_off / bare"]["median"]
         result.target("ledger off / bare drain", off, ">= 0.9", off >= 0.9)
     return result
 
 
 def run_pg(*, full: bool = False) -> CaseResult:
-    return _drain("pg", ["bare", "bare_results", "bare_results_reuse", "ledger_off", "ledger_on",
-                         "ledger_on_reuse"], full)
+    return _drain(
+        "pg",
+        [
+            "bare",
+            "bare_results",
+            "bare_results_reuse",
+            "ledger_off",
+            "ledger_on",
+            "ledger_on_reuse",
+        ],
+        full,
+    )
 
 
 def run_sqlite(*, full: bool = False) -> CaseResult:
@@ -176,6 +224,7 @@ def run_sqlite(*, full: bool = False) -> CaseResult:
 
 
 # --------------------------------------------------------------------------- layout
+
 
 def shipped_worker_lines() -> list[list[str]]:
     """The `celery ... worker` command lines of the Procfile (what `make run` starts),
@@ -185,12 +234,13 @@ def shipped_worker_lines() -> list[list[str]]:
         _, _, command = raw.partition(":")
         if not command.strip() or raw.lstrip().startswith("#"):
             continue
-        command = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}",
-                         lambda m: os.environ.get(m[1], m[2] or ""), command)
+        command = re.sub(
+            r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: os.environ.get(m[1], m[2] or ""), command
+        )
         argv = shlex.split(command)
         if "celery" not in argv[0] or "worker" not in argv:
             continue
-        args = argv[argv.index("worker") + 1:]
+        args = argv[argv.index("worker") + 1 :]
         lines.append(_without_hostname(args))
     return lines
 
@@ -218,8 +268,12 @@ def run_layout(*, full: bool = False) -> CaseResult:
     result = CaseResult(
         case="layout",
         title="Worker layout: bare no-op drain, the Procfile's workers vs one default worker -c 2",
-        params={"jobs_per_drain": count, "rounds": size.repeats, "cores": cores,
-                "shipped": [" ".join(a) for a in shipped]},
+        params={
+            "jobs_per_drain": count,
+            "rounds": size.repeats,
+            "cores": cores,
+            "shipped": [" ".join(a) for a in shipped],
+        },
     )
     if count != size.issue:
         result.notes.append(f"scaled: {count:,} jobs per drain instead of {size.issue:,}")
@@ -229,8 +283,11 @@ def run_layout(*, full: bool = False) -> CaseResult:
             "single_c2": [workers.start("single", concurrency=2)],
             "shipped": [workers.start(f"shipped{i}", argv=args) for i, args in enumerate(shipped)],
             "per_core_c1": [workers.start(f"core{i}", concurrency=1) for i in range(cores)],
-            "single_c2_prefetch4": [workers.start("prefetch4", concurrency=2,
-                                                  env={"CELERY_WORKER_PREFETCH_MULTIPLIER": "4"})],
+            "single_c2_prefetch4": [
+                workers.start(
+                    "prefetch4", concurrency=2, env={"CELERY_WORKER_PREFETCH_MULTIPLIER": "4"}
+                )
+            ],
         }
         for group in sets.values():
             for worker in group:
@@ -247,12 +304,27 @@ def run_layout(*, full: bool = False) -> CaseResult:
                 if round_no:
                     rates[name].append(n / seconds)
     result.figure("single_c2", rates["single_c2"], "jobs/s", what="one celery worker -c 2")
-    result.figure("shipped", rates["shipped"], "jobs/s", what="Procfile worker line(s): " + " | ".join(result.params["shipped"]))
-    result.figure("per_core_c1", rates["per_core_c1"], "jobs/s", what=f"{cores} celery workers -c 1")
-    result.figure("single_c2_prefetch4", rates["single_c2_prefetch4"], "jobs/s",
-                  what="one celery worker -c 2, CELERY_WORKER_PREFETCH_MULTIPLIER=4 (Celery's default)")
+    result.figure(
+        "shipped",
+        rates["shipped"],
+        "jobs/s",
+        what="Procfile worker line(s): " + " | ".join(result.params["shipped"]),
+    )
+    result.figure(
+        "per_core_c1", rates["per_core_c1"], "jobs/s", what=f"{cores} celery workers -c 1"
+    )
+    result.figure(
+        "single_c2_prefetch4",
+        rates["single_c2_prefetch4"],
+        "jobs/s",
+        what="one celery worker -c 2, CELERY_WORKER_PREFETCH_MULTIPLIER=4 (Celery's default)",
+    )
     shipped_ratio = result.ratio("shipped / single_c2", rates["shipped"], rates["single_c2"])
     result.ratio("per_core_c1 / single_c2", rates["per_core_c1"], rates["single_c2"])
-    result.ratio("single_c2_prefetch4 / single_c2", rates["single_c2_prefetch4"], rates["single_c2"])
-    result.target("shipped worker layout / single worker -c 2", shipped_ratio, ">= 1.6", shipped_ratio >= 1.6)
+    result.ratio(
+        "single_c2_prefetch4 / single_c2", rates["single_c2_prefetch4"], rates["single_c2"]
+    )
+    result.target(
+        "shipped worker layout / single worker -c 2", shipped_ratio, ">= 1.6", shipped_ratio >= 1.6
+    )
     return result

@@ -31,20 +31,30 @@ def run_enqueue(*, full: bool = False) -> CaseResult:
     )
     variants: dict[str, tuple[Callable[[int], object], str]] = {
         "bare_delay": (lambda i: bench.bare_noop.delay(i), "bare Celery task.delay()"),
-        "enqueue_ledger_off": (lambda i: bench.noop_untracked.enqueue(i), "Backlot enqueue(), track=False"),
-        "enqueue_ledger_on": (lambda i: bench.noop.enqueue(i),
-                              "Backlot enqueue(), ledger row + publish + published_at (outbox)"),
+        "enqueue_ledger_off": (
+            lambda i: bench.noop_untracked.enqueue(i),
+            "Backlot enqueue(), track=False",
+        ),
+        "enqueue_ledger_on": (
+            lambda i: bench.noop.enqueue(i),
+            "Backlot enqueue(), ledger row + publish + published_at (outbox)",
+        ),
     }
     rates = _alternate(variants, count, size.repeats + 1)  # round 0 warms up
     for name, (_, what) in variants.items():
         result.figure(name, rates[name][1:], "jobs/s", what=what)
-    result.ratio("enqueue_ledger_off / bare_delay", rates["enqueue_ledger_off"][1:], rates["bare_delay"][1:])
-    result.ratio("enqueue_ledger_on / bare_delay", rates["enqueue_ledger_on"][1:], rates["bare_delay"][1:])
+    result.ratio(
+        "enqueue_ledger_off / bare_delay", rates["enqueue_ledger_off"][1:], rates["bare_delay"][1:]
+    )
+    result.ratio(
+        "enqueue_ledger_on / bare_delay", rates["enqueue_ledger_on"][1:], rates["bare_delay"][1:]
+    )
     return result
 
 
-def _alternate(variants: dict[str, tuple[Callable[[int], object], str]], count: int,
-               rounds: int) -> dict[str, list[float]]:
+def _alternate(
+    variants: dict[str, tuple[Callable[[int], object], str]], count: int, rounds: int
+) -> dict[str, list[float]]:
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for round_no in range(rounds):
         names = list(variants) if round_no % 2 == 0 else list(reversed(variants))
@@ -73,7 +83,10 @@ def fan_out(task: object, count: int) -> None:
     job_enqueue_many (ledger rows, then the messages after commit)."""
     for start in range(0, count, FANOUT_CHUNK):
         with transaction.atomic():
-            job_enqueue_many(task=task, calls=[((i,), {}) for i in range(start, min(count, start + FANOUT_CHUNK))])
+            job_enqueue_many(
+                task=task,
+                calls=[((i,), {}) for i in range(start, min(count, start + FANOUT_CHUNK))],
+            )
 
 
 def kombu_batch_publish(count: int) -> None:
@@ -92,11 +105,23 @@ def kombu_batch_publish(count: int) -> None:
         for i in range(count):
             task_id = str(uuid.uuid4())
             headers, properties, body, _ = amqp.as_task_v2(
-                task_id, bench.noop.name, args=(i,), kwargs={}, argsrepr=repr((i,)), kwargsrepr="{}",
+                task_id,
+                bench.noop.name,
+                args=(i,),
+                kwargs={},
+                argsrepr=repr((i,)),
+                kwargsrepr="{}",
             )
             producer.publish(
-                body, exchange="", routing_key=queue.name, serializer="json",
-                headers=headers, priority=4, retry=False, declare=None, **properties,
+                body,
+                exchange="",
+                routing_key=queue.name,
+                serializer="json",
+                headers=headers,
+                priority=4,
+                retry=False,
+                declare=None,
+                **properties,
             )
 
 
@@ -108,23 +133,42 @@ def redis_pipeline_push(count: int) -> None:
     pipe = client.pipeline(transaction=False)
     for i in range(count):
         task_id = str(uuid.uuid4())
-        body = json.dumps([[i], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}])
+        body = json.dumps(
+            [[i], {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None}]
+        )
         message = {
             "body": base64.b64encode(body.encode()).decode(),
             "content-encoding": "utf-8",
             "content-type": "application/json",
             "headers": {
-                "lang": "py", "task": bench.noop.name, "id": task_id, "shadow": None, "eta": None,
-                "expires": None, "group": None, "group_index": None, "retries": 0,
-                "timelimit": [None, None], "root_id": task_id, "parent_id": None,
-                "argsrepr": f"({i},)", "kwargsrepr": "{}", "origin": "bench@localhost",
-                "ignore_result": False, "replaced_task_nesting": 0, "stamped_headers": None,
+                "lang": "py",
+                "task": bench.noop.name,
+                "id": task_id,
+                "shadow": None,
+                "eta": None,
+                "expires": None,
+                "group": None,
+                "group_index": None,
+                "retries": 0,
+                "timelimit": [None, None],
+                "root_id": task_id,
+                "parent_id": None,
+                "argsrepr": f"({i},)",
+                "kwargsrepr": "{}",
+                "origin": "bench@localhost",
+                "ignore_result": False,
+                "replaced_task_nesting": 0,
+                "stamped_headers": None,
                 "stamps": {},
             },
             "properties": {
-                "correlation_id": task_id, "reply_to": str(uuid.uuid4()), "delivery_mode": 2,
-                "delivery_info": {"exchange": "default", "routing_key": "default"}, "priority": 4,
-                "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+                "correlation_id": task_id,
+                "reply_to": str(uuid.uuid4()),
+                "delivery_mode": 2,
+                "delivery_info": {"exchange": "default", "routing_key": "default"},
+                "priority": 4,
+                "body_encoding": "base64",
+                "delivery_tag": str(uuid.uuid4()),
             },
         }
         pipe.lpush(key, json.dumps(message))
@@ -143,29 +187,53 @@ def run_bulk(*, full: bool = False) -> CaseResult:
     result = CaseResult(
         case="bulk",
         title="3. Bulk enqueue: campaign fan-out (job_enqueue_many) vs pipelined raw publish",
-        params={"jobs_per_round": count, "group_jobs_per_round": group_count, "rounds": size.repeats,
-                "fan_out_chunk": FANOUT_CHUNK},
+        params={
+            "jobs_per_round": count,
+            "group_jobs_per_round": group_count,
+            "rounds": size.repeats,
+            "fan_out_chunk": FANOUT_CHUNK,
+        },
     )
     if count != size.issue:
-        result.notes.append(f"scaled: {count:,} recipients per round instead of {size.issue:,}; "
-                            f"Celery's group with {group_count:,} jobs")
+        result.notes.append(
+            f"scaled: {count:,} recipients per round instead of {size.issue:,}; "
+            f"Celery's group with {group_count:,} jobs"
+        )
     variants: dict[str, tuple[Callable[[], None], int, str]] = {
-        "redis_pipeline": (lambda: redis_pipeline_push(count), count,
-                           "pre-built task messages, LPUSH in a Redis pipeline"),
-        "kombu_batch": (lambda: kombu_batch_publish(count), count,
-                        "Celery messages via kombu Producer.batch() (pipelined)"),
-        "fanout_ledger_on": (lambda: fan_out(bench.noop, count), count,
-                             "job_enqueue_many per 1,000 in a transaction, ledger on (PostgreSQL)"),
-        "fanout_ledger_off": (lambda: fan_out(bench.noop_untracked, count), count,
-                              "job_enqueue_many per 1,000, ledger off"),
-        "celery_group": (lambda: celery_group(group_count), group_count,
-                         "bare Celery group(...).apply_async()"),
+        "redis_pipeline": (
+            lambda: redis_pipeline_push(count),
+            count,
+            "pre-built task messages, LPUSH in a Redis pipeline",
+        ),
+        "kombu_batch": (
+            lambda: kombu_batch_publish(count),
+            count,
+            "Celery messages via kombu Producer.batch() (pipelined)",
+        ),
+        "fanout_ledger_on": (
+            lambda: fan_out(bench.noop, count),
+            count,
+            "job_enqueue_many per 1,000 in a transaction, ledger on (PostgreSQL)",
+        ),
+        "fanout_ledger_off": (
+            lambda: fan_out(bench.noop_untracked, count),
+            count,
+            "job_enqueue_many per 1,000, ledger off",
+        ),
+        "celery_group": (
+            lambda: celery_group(group_count),
+            group_count,
+            "bare Celery group(...).apply_async()",
+        ),
     }
     rates: dict[str, list[float]] = {name: [] for name in variants}
-    warm = {"redis_pipeline": lambda: redis_pipeline_push(100), "kombu_batch": lambda: kombu_batch_publish(100),
-            "fanout_ledger_on": lambda: fan_out(bench.noop, 100),
-            "fanout_ledger_off": lambda: fan_out(bench.noop_untracked, 100),
-            "celery_group": lambda: celery_group(100)}
+    warm = {
+        "redis_pipeline": lambda: redis_pipeline_push(100),
+        "kombu_batch": lambda: kombu_batch_publish(100),
+        "fanout_ledger_on": lambda: fan_out(bench.noop, 100),
+        "fanout_ledger_off": lambda: fan_out(bench.noop_untracked, 100),
+        "celery_group": lambda: celery_group(100),
+    }
     for fn in warm.values():
         fn()
     for round_no in range(size.repeats):
@@ -188,8 +256,12 @@ def run_bulk(*, full: bool = False) -> CaseResult:
     result.ratio("redis_pipeline / fanout_ledger_on", rates["redis_pipeline"], on)
     vs_group = result.ratio("fanout_ledger_on / celery_group", on, rates["celery_group"])
     median_on = result.figures["fanout_ledger_on"]["median"]
-    result.target("campaign fan-out with ledger rows, jobs/s", median_on, ">= 20,000", median_on >= 20_000)
+    result.target(
+        "campaign fan-out with ledger rows, jobs/s", median_on, ">= 20,000", median_on >= 20_000
+    )
     result.target("fan-out / Celery group", vs_group, "> 10", vs_group > 10)
     slower = result.ratios["kombu_batch / fanout_ledger_on"]["median"]
-    result.target("raw pipelined kombu publish / fan-out (times slower)", slower, "<= 2", slower <= 2)
+    result.target(
+        "raw pipelined kombu publish / fan-out (times slower)", slower, "<= 2", slower <= 2
+    )
     return result

@@ -47,11 +47,31 @@ class Gunicorn:
         self.port = port
         self.log_path = LOG_DIR / f"gunicorn-{port}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (the server's lifetime; stop() closes it)
-        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "benchmarks.settings", "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+            "PYTHONUNBUFFERED": "1",
+        }
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "config.wsgi:application", "--bind", f"127.0.0.1:{port}",
-             "--workers", "2", "--timeout", "30", "--name", "bench-gunicorn"],
-            cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "config.wsgi:application",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "2",
+                "--timeout",
+                "30",
+                "--name",
+                "bench-gunicorn",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         register(self.process.pid)
 
@@ -94,8 +114,11 @@ def run(*, full: bool = False) -> CaseResult:
     result = CaseResult(
         case="http",
         title="5. HTTP under gunicorn (2 sync workers): enqueue endpoints vs a trivial view",
-        params={"requests_per_view": count, "server": "gunicorn config.wsgi --workers 2 (sync)",
-                "client": "one client, sequential, new connection per request"},
+        params={
+            "requests_per_view": count,
+            "server": "gunicorn config.wsgi --workers 2 (sync)",
+            "client": "one client, sequential, new connection per request",
+        },
     )
     if count != size.issue:
         result.notes.append(f"scaled: {count:,} requests per view instead of {size.issue:,}")
@@ -107,11 +130,20 @@ def run(*, full: bool = False) -> CaseResult:
     views = {
         "trivial": ("/bench/trivial/", b"n=1", form, 200, "POST, returns JSON, no job"),
         "bare_delay": ("/bench/delay/", b"n=1", form, 202, "POST, bare Celery delay()"),
-        "backlot_enqueue": ("/bench/enqueue/", b"n=1", form, 202, "POST, Backlot enqueue() with the ledger"),
+        "backlot_enqueue": (
+            "/bench/enqueue/",
+            b"n=1",
+            form,
+            202,
+            "POST, Backlot enqueue() with the ledger",
+        ),
         "api_email": (
             "/api/emails/",
-            json.dumps({"to": "bench@example.com", "template": "test", "context": {"name": "Bench"}}).encode(),
-            {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}, 202,
+            json.dumps(
+                {"to": "bench@example.com", "template": "test", "context": {"name": "Bench"}}
+            ).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+            202,
             "POST /api/emails/ (token auth, email row, template render, enqueue with idempotency key)",
         ),
     }
@@ -134,20 +166,34 @@ def run(*, full: bool = False) -> CaseResult:
     empty_queues()
     for name, (*_, what) in views.items():
         values = samples[name]
-        thirds = [values[len(values) * k // 3:len(values) * (k + 1) // 3] for k in range(3)]
-        result.figure(f"{name} p50", [percentile(block, 50) for block in thirds], "ms",
-                      higher_is_better=False, what=what + " (p50 of each third)")
-        result.figure(f"{name} p99", [percentile(values, 99)], "ms", higher_is_better=False, what=what)
+        thirds = [values[len(values) * k // 3 : len(values) * (k + 1) // 3] for k in range(3)]
+        result.figure(
+            f"{name} p50",
+            [percentile(block, 50) for block in thirds],
+            "ms",
+            higher_is_better=False,
+            what=what + " (p50 of each third)",
+        )
+        result.figure(
+            f"{name} p99", [percentile(values, 99)], "ms", higher_is_better=False, what=what
+        )
         result.extra.setdefault("distribution_ms", {})[name] = {
             q: round(percentile(values, q), 3) for q in (0, 25, 50, 75, 90, 99, 100)
         }
     overall = result.extra["distribution_ms"]
     over = overall["backlot_enqueue"][50] - overall["trivial"][50]
     result.extra["p50_over_trivial_ms"] = {
-        name: round(overall[name][50] - overall["trivial"][50], 3) for name in views if name != "trivial"
+        name: round(overall[name][50] - overall["trivial"][50], 3)
+        for name in views
+        if name != "trivial"
     }
     result.target("enqueue endpoint p50 minus trivial view p50 (ms)", over, "<= 2 ms", over <= 2)
     api_over = overall["api_email"][50] - overall["trivial"][50]
-    result.target("POST /api/emails/ p50 minus trivial view p50 (ms)", api_over, "<= 2 ms", api_over <= 2,
-                  detail="the project's real enqueue endpoint: also an email row, a template render, token auth")
+    result.target(
+        "POST /api/emails/ p50 minus trivial view p50 (ms)",
+        api_over,
+        "<= 2 ms",
+        api_over <= 2,
+        detail="the project's real enqueue endpoint: also an email row, a template render, token auth",
+    )
     return result

@@ -31,7 +31,10 @@ def run(*, full: bool = False) -> CaseResult:
         result.notes.append(f"scaled: {count} sequential jobs per variant instead of {size.issue}")
     variants = {
         "bare": (lambda key: bench.bare_stamp.delay(key), "bare Celery delay()"),
-        "ledger_off": (lambda key: bench.untracked_stamp.enqueue(key), "Backlot enqueue(), track=False"),
+        "ledger_off": (
+            lambda key: bench.untracked_stamp.enqueue(key),
+            "Backlot enqueue(), track=False",
+        ),
         "ledger_on": (lambda key: bench.tracked_stamp.enqueue(key), "Backlot enqueue(), ledger on"),
     }
     empty_queues()
@@ -52,17 +55,31 @@ def run(*, full: bool = False) -> CaseResult:
     connection.close()
     for name, (_, what) in variants.items():
         values = samples[name]
-        thirds = [values[len(values) * k // 3:len(values) * (k + 1) // 3] for k in range(3)]
-        result.figure(f"{name} p50", [percentile(block, 50) for block in thirds], "ms",
-                      higher_is_better=False, what=what + " (p50 of each third of the run)")
-        result.figure(f"{name} p99", [percentile(values, 99)], "ms", higher_is_better=False,
-                      what=what + " (over the whole run)")
+        thirds = [values[len(values) * k // 3 : len(values) * (k + 1) // 3] for k in range(3)]
+        result.figure(
+            f"{name} p50",
+            [percentile(block, 50) for block in thirds],
+            "ms",
+            higher_is_better=False,
+            what=what + " (p50 of each third of the run)",
+        )
+        result.figure(
+            f"{name} p99",
+            [percentile(values, 99)],
+            "ms",
+            higher_is_better=False,
+            what=what + " (over the whole run)",
+        )
         result.extra.setdefault("distribution_ms", {})[name] = {
             q: round(percentile(values, q), 3) for q in (0, 10, 25, 50, 75, 90, 95, 99, 100)
         }
     overall = result.extra["distribution_ms"]
     bare50, off50, on50 = (overall[name][50] for name in ("bare", "ledger_off", "ledger_on"))
-    result.extra["p50_over_bare_ms"] = {"ledger_off": round(off50 - bare50, 3),
-                                        "ledger_on": round(on50 - bare50, 3)}
-    result.target("ledger off: e2e p50 minus bare p50 (ms)", off50 - bare50, "<= 1 ms", off50 - bare50 <= 1)
+    result.extra["p50_over_bare_ms"] = {
+        "ledger_off": round(off50 - bare50, 3),
+        "ledger_on": round(on50 - bare50, 3),
+    }
+    result.target(
+        "ledger off: e2e p50 minus bare p50 (ms)", off50 - bare50, "<= 1 ms", off50 - bare50 <= 1
+    )
     return result

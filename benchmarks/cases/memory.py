@@ -67,7 +67,10 @@ def run(*, full: bool = False) -> CaseResult:
     variants = {
         "bare": (lambda: bench.bare_noop.delay(PAYLOAD), "bare Celery delay()"),
         "backlot": (lambda: bench.noop.enqueue(PAYLOAD), "Backlot enqueue(), ledger on"),
-        "backlot_untracked": (lambda: bench.noop_untracked.enqueue(PAYLOAD), "Backlot enqueue(), track=False"),
+        "backlot_untracked": (
+            lambda: bench.noop_untracked.enqueue(PAYLOAD),
+            "Backlot enqueue(), track=False",
+        ),
     }
     per_job: dict[str, list[float]] = {name: [] for name in variants}
     list_per_job: dict[str, list[float]] = {name: [] for name in variants}
@@ -96,10 +99,20 @@ def run(*, full: bool = False) -> CaseResult:
             }
     connection.close()
     for name, (_, what) in variants.items():
-        result.figure(name, per_job[name], "bytes/job", higher_is_better=False,
-                      what=what + " (INFO used_memory delta / jobs)")
-        result.figure(f"{name} (list only)", list_per_job[name], "bytes/job", higher_is_better=False,
-                      what="MEMORY USAGE of the queue lists / jobs")
+        result.figure(
+            name,
+            per_job[name],
+            "bytes/job",
+            higher_is_better=False,
+            what=what + " (INFO used_memory delta / jobs)",
+        )
+        result.figure(
+            f"{name} (list only)",
+            list_per_job[name],
+            "bytes/job",
+            higher_is_better=False,
+            what="MEMORY USAGE of the queue lists / jobs",
+        )
     result.extra["one_message"] = message
     ratio = result.ratio("backlot / bare", per_job["backlot"], per_job["bare"])
     result.ratio("backlot_untracked / bare", per_job["backlot_untracked"], per_job["bare"])
@@ -118,12 +131,25 @@ def run(*, full: bool = False) -> CaseResult:
         worker.stop()
     connection.close()
     leftover = used_memory() - baseline
-    keys = [k.decode() for k in redis_client().scan_iter(count=1000) if not k.startswith(b"_kombu.binding.")]
-    result.figure("left after draining", [leftover], "bytes", higher_is_better=False,
-                  what=f"used_memory after {3 * AFTER_DRAIN_JOBS:,} jobs ran, minus the empty baseline")
-    result.target("Redis memory after the jobs ran, above the empty baseline (bytes)", leftover,
-                  "<= 10 KB (allocator noise)", leftover <= 10_000,
-                  detail="keys left: " + ", ".join(sorted(keys)[:10]))
+    keys = [
+        k.decode()
+        for k in redis_client().scan_iter(count=1000)
+        if not k.startswith(b"_kombu.binding.")
+    ]
+    result.figure(
+        "left after draining",
+        [leftover],
+        "bytes",
+        higher_is_better=False,
+        what=f"used_memory after {3 * AFTER_DRAIN_JOBS:,} jobs ran, minus the empty baseline",
+    )
+    result.target(
+        "Redis memory after the jobs ran, above the empty baseline (bytes)",
+        leftover,
+        "<= 10 KB (allocator noise)",
+        leftover <= 10_000,
+        detail="keys left: " + ", ".join(sorted(keys)[:10]),
+    )
     result.extra["keys_left_after_drain"] = sorted(keys)[:50]
     result.extra["ttl_of_keys_left"] = {k: redis_client().ttl(k) for k in sorted(keys)[:50]}
     result.notes.append(

@@ -48,8 +48,11 @@ def _stop(spy: object) -> str:
 
 
 def run(*, full: bool = False) -> CaseResult:
-    result = CaseResult(case="profile", title="Profiles: campaign fan-out (in process) and a ledger drain (worker)",
-                        params={"fanout_jobs": FANOUT_JOBS, "drain_jobs": DRAIN_JOBS, "py_spy": py_spy()})
+    result = CaseResult(
+        case="profile",
+        title="Profiles: campaign fan-out (in process) and a ledger drain (worker)",
+        params={"fanout_jobs": FANOUT_JOBS, "drain_jobs": DRAIN_JOBS, "py_spy": py_spy()},
+    )
     RESULTS.mkdir(exist_ok=True)
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     empty_queues()
@@ -66,8 +69,11 @@ def run(*, full: bool = False) -> CaseResult:
         fan_out(bench.noop, FANOUT_JOBS)
         seconds = clock() - started
         result.extra["py_spy_fanout_stderr"] = _stop(spy)
-        text = render(summarize(raw, top=40, within="fan_out ("), f"campaign fan-out of {FANOUT_JOBS:,} ledger jobs "
-                                      f"({FANOUT_JOBS / seconds:,.0f} jobs/s under py-spy)")
+        text = render(
+            summarize(raw, top=40, within="fan_out ("),
+            f"campaign fan-out of {FANOUT_JOBS:,} ledger jobs "
+            f"({FANOUT_JOBS / seconds:,.0f} jobs/s under py-spy)",
+        )
     else:
         profiler = cProfile.Profile()
         profiler.enable()
@@ -101,13 +107,22 @@ def run(*, full: bool = False) -> CaseResult:
         result.figure("ledger drain under profiler", [DRAIN_JOBS / seconds], "jobs/s")
         whole = summarize(raw, top=40)
         parts = [render(whole, f"ledger drain of {DRAIN_JOBS:,} jobs, worker -c 2, all processes")]
-        parts.append(render(summarize(raw, top=40, process_filter=f"pid {main_pid}"),
-                            f"worker main process (pid {main_pid})"))
+        parts.append(
+            render(
+                summarize(raw, top=40, process_filter=f"pid {main_pid}"),
+                f"worker main process (pid {main_pid})",
+            )
+        )
         for pid in pools:
-            parts.append(render(summarize(raw, top=40, process_filter=f"pid {pid}"),
-                                f"pool process (pid {pid})"))
+            parts.append(
+                render(
+                    summarize(raw, top=40, process_filter=f"pid {pid}"), f"pool process (pid {pid})"
+                )
+            )
         (RESULTS / "profile-drain.txt").write_text("\n\n".join(parts) + "\n")
     else:
-        result.notes.append("py-spy not installed: no worker profile (pip install py-spy into .venv)")
+        result.notes.append(
+            "py-spy not installed: no worker profile (pip install py-spy into .venv)"
+        )
     empty_queues()
     return result

@@ -29,9 +29,17 @@ SLOW_WORK_US = 30.0
 
 def updates_of_job_table() -> int:
     db = settings.DATABASES["default"]
-    with psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
-                         password=db["PASSWORD"] or None, autocommit=True) as conn:
-        row = conn.execute("select n_tup_upd from pg_stat_user_tables where relname = 'jobs_job'").fetchone()
+    with psycopg.connect(
+        host=db["HOST"],
+        port=db["PORT"],
+        user=db["USER"],
+        dbname=db["NAME"],
+        password=db["PASSWORD"] or None,
+        autocommit=True,
+    ) as conn:
+        row = conn.execute(
+            "select n_tup_upd from pg_stat_user_tables where relname = 'jobs_job'"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -60,7 +68,11 @@ def run(*, full: bool = False) -> CaseResult:
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
         raise RuntimeError("the progress case counts UPDATEs with PostgreSQL's statistics")
     # variant -> (report progress?, microseconds of work per step)
-    variants = {"with_progress": (True, 0.0), "without": (False, 0.0), "slow_with_progress": (True, SLOW_WORK_US)}
+    variants = {
+        "with_progress": (True, 0.0),
+        "without": (False, 0.0),
+        "slow_with_progress": (True, SLOW_WORK_US),
+    }
     empty_queues()
     runs: dict[str, list[float]] = {name: [] for name in variants}
     updates: dict[str, list[int]] = {name: [] for name in variants}
@@ -79,33 +91,71 @@ def run(*, full: bool = False) -> CaseResult:
                 popped = wait_stamp(key, 120)
                 if popped is None:
                     raise TimeoutError(f"{name}: the progress job did not finish")
-                wait_until(lambda job_id=handle.id: Job.objects.filter(
-                    id=job_id, state=JobState.SUCCEEDED).exists(), 30, what="the job to succeed")
+                wait_until(
+                    lambda job_id=handle.id: Job.objects.filter(
+                        id=job_id, state=JobState.SUCCEEDED
+                    ).exists(),
+                    30,
+                    what="the job to succeed",
+                )
                 connection.close()
                 after = settled_updates()
                 if round_no:
                     runs[name].append(popped)
                     updates[name].append(after - before)
     baseline = sorted(updates["without"])[len(updates["without"]) // 2]
-    result.figure("loop with progress", runs["with_progress"], "s", higher_is_better=False,
-                  what=f"{steps:,} x self.progress(step, total)")
-    result.figure("loop without", runs["without"], "s", higher_is_better=False, what="the same loop, no call")
-    result.figure("cost per progress call", [
-        (a - b) / steps * 1e6 for a, b in zip(runs["with_progress"], runs["without"], strict=True)
-    ], "µs", higher_is_better=False)
-    result.figure("UPDATEs, job without", updates["without"], "rows", higher_is_better=False,
-                  what="n_tup_upd of jobs_job over the whole job: enqueue, claim, finish")
+    result.figure(
+        "loop with progress",
+        runs["with_progress"],
+        "s",
+        higher_is_better=False,
+        what=f"{steps:,} x self.progress(step, total)",
+    )
+    result.figure(
+        "loop without", runs["without"], "s", higher_is_better=False, what="the same loop, no call"
+    )
+    result.figure(
+        "cost per progress call",
+        [
+            (a - b) / steps * 1e6
+            for a, b in zip(runs["with_progress"], runs["without"], strict=True)
+        ],
+        "µs",
+        higher_is_better=False,
+    )
+    result.figure(
+        "UPDATEs, job without",
+        updates["without"],
+        "rows",
+        higher_is_better=False,
+        what="n_tup_upd of jobs_job over the whole job: enqueue, claim, finish",
+    )
     worst = 0.0
     for name, label in (("with_progress", "tight loop"), ("slow_with_progress", "slow loop")):
         writes = [u - baseline for u in updates[name]]
-        result.figure(f"progress writes, {label}", writes, "rows", higher_is_better=False,
-                      what="UPDATEs of the job minus those of the job without progress")
+        result.figure(
+            f"progress writes, {label}",
+            writes,
+            "rows",
+            higher_is_better=False,
+            what="UPDATEs of the job minus those of the job without progress",
+        )
         # A job shorter than a second still gets its first and its final write.
         per_second = [w / max(r, 1.0) for w, r in zip(writes, runs[name], strict=True)]
-        result.figure(f"progress writes/s, {label}", per_second, "writes/s", higher_is_better=False,
-                      what="writes / max(run time, 1 s)")
+        result.figure(
+            f"progress writes/s, {label}",
+            per_second,
+            "writes/s",
+            higher_is_better=False,
+            what="writes / max(run time, 1 s)",
+        )
         worst = max(worst, max(per_second))
-    result.figure("slow loop run time", runs["slow_with_progress"], "s", higher_is_better=False,
-                  what=f"{steps:,} steps of {SLOW_WORK_US:.0f} µs work each, with progress")
+    result.figure(
+        "slow loop run time",
+        runs["slow_with_progress"],
+        "s",
+        higher_is_better=False,
+        what=f"{steps:,} steps of {SLOW_WORK_US:.0f} µs work each, with progress",
+    )
     result.target("progress writes per second per job (worst round)", worst, "<= 2", worst <= 2)
     return result

@@ -39,8 +39,13 @@ def run(*, full: bool = False) -> CaseResult:
     result = CaseResult(
         case="ratelimit",
         title=f"7. Rate limiter: {bench.BENCH_RATE} cluster-wide, {PROCESSES} worker processes; acquire cost",
-        params={"limit_per_s": rate, "seconds_of_load": seconds, "jobs_per_round": jobs,
-                "workers": f"{PROCESSES} x celery worker -c 1", "rounds": size.repeats},
+        params={
+            "limit_per_s": rate,
+            "seconds_of_load": seconds,
+            "jobs_per_round": jobs,
+            "workers": f"{PROCESSES} x celery worker -c 1",
+            "rounds": size.repeats,
+        },
     )
     if seconds != size.issue:
         result.notes.append(f"scaled: {seconds} s of load per round instead of {size.issue} s")
@@ -57,12 +62,18 @@ def run(*, full: bool = False) -> CaseResult:
             before = _rate_limited_count()
             for start in range(0, jobs, 1000):
                 with transaction.atomic():
-                    job_enqueue_many(task=bench.rate_limited,
-                                     calls=[((key,), {}) for _ in range(start, min(jobs, start + 1000))])
+                    job_enqueue_many(
+                        task=bench.rate_limited,
+                        calls=[((key,), {}) for _ in range(start, min(jobs, start + 1000))],
+                    )
             connection.close()
             resume(group)
-            wait_until(lambda key=key: redis_client().llen(bench.STAMPS + key) >= jobs, seconds * 3 + 60,
-                       interval=0.2, what="the rate-limited jobs")
+            wait_until(
+                lambda key=key: redis_client().llen(bench.STAMPS + key) >= jobs,
+                seconds * 3 + 60,
+                interval=0.2,
+                what="the rate-limited jobs",
+            )
             pause(group)
             stamps = sorted(take_stamps(key))
             span = stamps[-1] - stamps[0]
@@ -73,10 +84,20 @@ def run(*, full: bool = False) -> CaseResult:
             resent.append(_rate_limited_count() - before)
     result.figure("achieved rate", achieved, "jobs/s", what=f"target {rate:.0f}/s")
     result.figure("error", errors, "%", higher_is_better=False, what="(achieved - limit) / limit")
-    result.figure("busiest 1 s window", worst_second, "jobs", higher_is_better=False,
-                  what=f"most job starts within any 1-second window (limit {rate:.0f})")
-    result.figure("re-sends per job", [r / jobs for r in resent], "x", higher_is_better=False,
-                  what="messages re-published to wait for their slot, per job")
+    result.figure(
+        "busiest 1 s window",
+        worst_second,
+        "jobs",
+        higher_is_better=False,
+        what=f"most job starts within any 1-second window (limit {rate:.0f})",
+    )
+    result.figure(
+        "re-sends per job",
+        [r / jobs for r in resent],
+        "x",
+        higher_is_better=False,
+        what="messages re-published to wait for their slot, per job",
+    )
 
     # One acquire, from this process, on a bucket that always has room.
     limiter = RateLimiter()
@@ -98,9 +119,17 @@ def run(*, full: bool = False) -> CaseResult:
             client.ping()
         ping.append((time.perf_counter() - started) / calls * 1e6)
     limiter.reset(name)
-    result.figure("acquire mean", means, "µs", higher_is_better=False, what=f"RateLimiter.acquire, {calls:,} calls")
+    result.figure(
+        "acquire mean",
+        means,
+        "µs",
+        higher_is_better=False,
+        what=f"RateLimiter.acquire, {calls:,} calls",
+    )
     result.figure("acquire p99", p99s, "µs", higher_is_better=False)
-    result.figure("redis PING (reference)", ping, "µs", higher_is_better=False, what="one round trip to Redis")
+    result.figure(
+        "redis PING (reference)", ping, "µs", higher_is_better=False, what="one round trip to Redis"
+    )
     error = result.figures["error"]
     worst = max(abs(error["min"]), abs(error["max"]))
     result.target("rate limiter error (worst round, %)", worst, "within ±5 %", worst <= 5)

@@ -7,26 +7,64 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0001_initial'),
+        ("jobs", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='What the token is for.', max_length=100, verbose_name='name')),
-                ('key_hash', models.CharField(help_text='SHA-256 of the key.', max_length=64, unique=True, verbose_name='key hash')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, help_text='Issued.', verbose_name='created')),
-                ('last_used_at', models.DateTimeField(blank=True, help_text='Last request.', null=True, verbose_name='last used')),
-                ('user', models.ForeignKey(help_text='The API acts as this user.', on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL, verbose_name='user')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="What the token is for.", max_length=100, verbose_name="name"
+                    ),
+                ),
+                (
+                    "key_hash",
+                    models.CharField(
+                        help_text="SHA-256 of the key.",
+                        max_length=64,
+                        unique=True,
+                        verbose_name="key hash",
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now,
+                        help_text="Issued.",
+                        verbose_name="created",
+                    ),
+                ),
+                (
+                    "last_used_at",
+                    models.DateTimeField(
+                        blank=True, help_text="Last request.", null=True, verbose_name="last used"
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        help_text="The API acts as this user.",
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                        verbose_name="user",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
-                'verbose_name_plural': 'API tokens',
+                "verbose_name": "API token",
+                "verbose_name_plural": "API tokens",
             },
         ),
     ]

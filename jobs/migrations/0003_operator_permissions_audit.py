@@ -7,32 +7,83 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0002_api_token'),
+        ("jobs", "0002_api_token"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='deadletter',
-            options={'ordering': ('-last_failed_at',), 'permissions': [('replay_deadletter', 'Can replay dead letters'), ('discard_deadletter', 'Can discard dead letters'), ('view_raw_arguments', 'Can view raw (unmasked) job arguments')], 'verbose_name': 'dead letter', 'verbose_name_plural': 'dead letters'},
+            name="deadletter",
+            options={
+                "ordering": ("-last_failed_at",),
+                "permissions": [
+                    ("replay_deadletter", "Can replay dead letters"),
+                    ("discard_deadletter", "Can discard dead letters"),
+                    ("view_raw_arguments", "Can view raw (unmasked) job arguments"),
+                ],
+                "verbose_name": "dead letter",
+                "verbose_name_plural": "dead letters",
+            },
         ),
         migrations.CreateModel(
-            name='AuditEntry',
+            name="AuditEntry",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('action', models.CharField(help_text='replay, discard, replay-edited, …', max_length=50, verbose_name='action')),
-                ('count', models.PositiveIntegerField(default=0, help_text='Rows affected.', verbose_name='count')),
-                ('detail', models.JSONField(blank=True, default=dict, help_text='Filters, ids, edits.', verbose_name='detail')),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, help_text='When it happened.', verbose_name='when')),
-                ('user', models.ForeignKey(blank=True, help_text='Operator who acted.', null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL, verbose_name='user')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "action",
+                    models.CharField(
+                        help_text="replay, discard, replay-edited, …",
+                        max_length=50,
+                        verbose_name="action",
+                    ),
+                ),
+                (
+                    "count",
+                    models.PositiveIntegerField(
+                        default=0, help_text="Rows affected.", verbose_name="count"
+                    ),
+                ),
+                (
+                    "detail",
+                    models.JSONField(
+                        blank=True,
+                        default=dict,
+                        help_text="Filters, ids, edits.",
+                        verbose_name="detail",
+                    ),
+                ),
+                (
+                    "created_at",
+                    models.DateTimeField(
+                        default=django.utils.timezone.now,
+                        help_text="When it happened.",
+                        verbose_name="when",
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Operator who acted.",
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                        verbose_name="user",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'audit entry',
-                'verbose_name_plural': 'audit entries',
-                'ordering': ('-created_at',),
-                'indexes': [models.Index(fields=['created_at'], name='audit_created_idx')],
+                "verbose_name": "audit entry",
+                "verbose_name_plural": "audit entries",
+                "ordering": ("-created_at",),
+                "indexes": [models.Index(fields=["created_at"], name="audit_created_idx")],
             },
         ),
     ]

@@ -4,15 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0003_operator_permissions_audit'),
+        ("jobs", "0003_operator_permissions_audit"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='job',
-            name='publish_options',
-            field=models.JSONField(blank=True, default=dict, help_text='Canvas links (chain, chord, group, callbacks) the relay re-sends with the job.', verbose_name='publish options'),
+            model_name="job",
+            name="publish_options",
+            field=models.JSONField(
+                blank=True,
+                default=dict,
+                help_text="Canvas links (chain, chord, group, callbacks) the relay re-sends with the job.",
+                verbose_name="publish options",
+            ),
         ),
     ]

@@ -12,43 +12,69 @@ from jobs.models import Job
 from tests.conftest import wait_until
 
 
-def test_campaign_fans_out_one_job_per_recipient_and_reports_progress(worker, mailbox, client, admin_user):
+def test_campaign_fans_out_one_job_per_recipient_and_reports_progress(
+    worker, mailbox, client, admin_user
+):
     recipients = [{"email": f"person{n}@example.com", "name": f"Person {n}"} for n in range(40)]
-    recipients.append({"email": "PERSON0@example.com", "name": "dup"})  # same address: one recipient
+    recipients.append(
+        {"email": "PERSON0@example.com", "name": "dup"}
+    )  # same address: one recipient
     client.force_login(admin_user)
 
-    response = client.post("/api/campaigns/", {
-        "name": "November news", "template": "campaign", "context": {"body": "Hello!", "headline": "News"},
-        "recipients": recipients, "start": True,
-    }, content_type="application/json")
+    response = client.post(
+        "/api/campaigns/",
+        {
+            "name": "November news",
+            "template": "campaign",
+            "context": {"body": "Hello!", "headline": "News"},
+            "recipients": recipients,
+            "start": True,
+        },
+        content_type="application/json",
+    )
 
     assert response.status_code == 202
     campaign_id = response.json()["campaign_id"]
     summary = wait_until(
-        lambda: (s := client.get(f"/api/campaigns/{campaign_id}/").json())["summary"]["sent"] == 40 and s,
-        timeout=60, what="every recipient to be sent",
+        lambda: (
+            (s := client.get(f"/api/campaigns/{campaign_id}/").json())["summary"]["sent"] == 40
+            and s
+        ),
+        timeout=60,
+        what="every recipient to be sent",
     )
     assert summary["status"] == "done"
     assert summary["summary"] == {"total": 40, "sent": 40, "failed": 0, "pending": 0}
     assert len(mailbox.received()) == 40
-    assert sorted(m["To"] for m in mailbox.received())[:2] == ["person0@example.com", "person10@example.com"]
+    assert sorted(m["To"] for m in mailbox.received())[:2] == [
+        "person0@example.com",
+        "person10@example.com",
+    ]
     assert Job.objects.filter(task_name="emails.send").count() == 40
 
     # per-recipient idempotency: starting again is refused, fanning out again adds nothing
     assert client.post(f"/api/campaigns/{campaign_id}/start").status_code == 409
     assert services.campaign_fan_out_run(campaign_id=campaign_id) == 40
-    assert EmailMessage.objects.count() == 40 and Job.objects.filter(task_name="emails.send").count() == 40
+    assert (
+        EmailMessage.objects.count() == 40
+        and Job.objects.filter(task_name="emails.send").count() == 40
+    )
 
 
 def test_campaign_counts_refused_recipients_as_failed(worker, mailbox, admin_user):
     mailbox.refuse["gone@example.com"] = "550 5.1.1 no such user"
     campaign = services.campaign_create(
-        name="c", template="campaign", context={}, owner=admin_user,
+        name="c",
+        template="campaign",
+        context={},
+        owner=admin_user,
         recipients=[{"email": "gone@example.com"}, {"email": "here@example.com"}],
     )
     services.campaign_start(campaign=campaign)
 
-    wait_until(lambda: campaign.summary()["pending"] == 0, timeout=60, what="the campaign to finish")
+    wait_until(
+        lambda: campaign.summary()["pending"] == 0, timeout=60, what="the campaign to finish"
+    )
     assert campaign.summary() == {"total": 2, "sent": 1, "failed": 1, "pending": 0}
 
 
@@ -61,47 +87,73 @@ def csv_upload(rows: list[list[str]]) -> io.BytesIO:
 
 
 def test_csv_import_skips_bad_rows_with_row_numbers(worker, client, admin_user):
-    campaign = services.campaign_create(name="imp", template="campaign", context={}, owner=admin_user)
+    campaign = services.campaign_create(
+        name="imp", template="campaign", context={}, owner=admin_user
+    )
     client.force_login(admin_user)
-    upload = csv_upload([
-        ["email", "name", "plan"],
-        ["ann@example.com", "Ann", "pro"],
-        ["not-an-email", "Bob", "free"],
-        ["", "Nobody", ""],
-        ["ANN@example.com", "Ann again", "pro"],
-        ["cy@example.com", "Cy", "free"],
-    ])
+    upload = csv_upload(
+        [
+            ["email", "name", "plan"],
+            ["ann@example.com", "Ann", "pro"],
+            ["not-an-email", "Bob", "free"],
+            ["", "Nobody", ""],
+            ["ANN@example.com", "Ann again", "pro"],
+            ["cy@example.com", "Cy", "free"],
+        ]
+    )
 
     response = client.post(f"/api/campaigns/{campaign.pk}/recipients/import", {"file": upload})
 
     assert response.status_code == 202
     import_id = response.json()["import_id"]
     body = wait_until(
-        lambda: (b := client.get(f"/api/campaigns/{campaign.pk}/imports/{import_id}/").json())["status"] == "done" and b,
+        lambda: (
+            (b := client.get(f"/api/campaigns/{campaign.pk}/imports/{import_id}/").json())["status"]
+            == "done"
+            and b
+        ),
         what="the import to finish",
     )
-    assert (body["rows_read"], body["imported"], body["duplicates"], body["skipped"]) == (5, 2, 1, 2)
+    assert (body["rows_read"], body["imported"], body["duplicates"], body["skipped"]) == (
+        5,
+        2,
+        1,
+        2,
+    )
     assert body["errors"] == [
-        {"row": 3, "reason": "invalid email address"}, {"row": 4, "reason": "email is empty"},
+        {"row": 3, "reason": "invalid email address"},
+        {"row": 4, "reason": "email is empty"},
     ]
     ann = CampaignRecipient.objects.get(campaign=campaign, email="ann@example.com")
     assert ann.name == "Ann" and ann.data == {"plan": "pro"}
 
 
 def test_csv_without_email_column_fails_clearly(worker, client, admin_user):
-    campaign = services.campaign_create(name="imp", template="campaign", context={}, owner=admin_user)
+    campaign = services.campaign_create(
+        name="imp", template="campaign", context={}, owner=admin_user
+    )
     client.force_login(admin_user)
-    response = client.post(f"/api/campaigns/{campaign.pk}/recipients/import",
-                           {"file": csv_upload([["mail", "name"], ["a@example.com", "A"]])})
+    response = client.post(
+        f"/api/campaigns/{campaign.pk}/recipients/import",
+        {"file": csv_upload([["mail", "name"], ["a@example.com", "A"]])},
+    )
 
-    row = wait_until(lambda: RecipientImport.objects.filter(
-        pk=response.json()["import_id"], status=ImportStatus.FAILED).first(), what="the import to fail")
+    row = wait_until(
+        lambda: RecipientImport.objects.filter(
+            pk=response.json()["import_id"], status=ImportStatus.FAILED
+        ).first(),
+        what="the import to fail",
+    )
     assert row.errors == [{"row": 1, "reason": "no 'email' column in the header"}]
 
 
-def test_hundred_thousand_rows_import_in_bounded_memory(transactional_db, admin_user, settings, tmp_path):
+def test_hundred_thousand_rows_import_in_bounded_memory(
+    transactional_db, admin_user, settings, tmp_path
+):
     settings.MEDIA_ROOT = str(tmp_path)
-    campaign = services.campaign_create(name="big", template="campaign", context={}, owner=admin_user)
+    campaign = services.campaign_create(
+        name="big", template="campaign", context={}, owner=admin_user
+    )
     lines = ["email,name"] + [f"user{n}@example.com,User {n}" for n in range(100_000)]
     (tmp_path / "imports").mkdir()
     (tmp_path / "imports" / "big.csv").write_text("\n".join(lines) + "\n")
@@ -111,7 +163,9 @@ def test_hundred_thousand_rows_import_in_bounded_memory(transactional_db, admin_
     seen: list[int] = []
 
     tracemalloc.start()
-    result = services.recipients_import_run(import_id=row.pk, progress=lambda done, total, msg: seen.append(done))
+    result = services.recipients_import_run(
+        import_id=row.pk, progress=lambda done, total, msg: seen.append(done)
+    )
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
 
@@ -122,14 +176,23 @@ def test_hundred_thousand_rows_import_in_bounded_memory(transactional_db, admin_
     assert peak < 16 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
 
 
-def test_csv_over_the_upload_limit_is_refused_and_not_kept(transactional_db, client, admin_user, settings, tmp_path):
+def test_csv_over_the_upload_limit_is_refused_and_not_kept(
+    transactional_db, client, admin_user, settings, tmp_path
+):
     settings.BACKLOT_MAX_UPLOAD_BYTES = 1000
     settings.MEDIA_ROOT = str(tmp_path)
-    campaign = services.campaign_create(name="imp", template="campaign", context={}, owner=admin_user)
+    campaign = services.campaign_create(
+        name="imp", template="campaign", context={}, owner=admin_user
+    )
     client.force_login(admin_user)
     rows = [["email", "name"]] + [[f"user{n}@example.com", f"User {n}"] for n in range(200)]
 
-    response = client.post(f"/api/campaigns/{campaign.pk}/recipients/import", {"file": csv_upload(rows)})
+    response = client.post(
+        f"/api/campaigns/{campaign.pk}/recipients/import", {"file": csv_upload(rows)}
+    )
 
-    assert response.status_code == 413 and "uploads are limited to 1000 bytes" in response.json()["detail"]
+    assert (
+        response.status_code == 413
+        and "uploads are limited to 1000 bytes" in response.json()["detail"]
+    )
     assert RecipientImport.objects.count() == 0 and not (tmp_path / "imports").exists()

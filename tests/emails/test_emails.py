@@ -15,14 +15,22 @@ from tests.conftest import wait_until
 
 
 def send(client, **payload):
-    body = {"to": "jane.doe@example.com", "template": "test", "context": {"name": "Jane"}, **payload}
+    body = {
+        "to": "jane.doe@example.com",
+        "template": "test",
+        "context": {"name": "Jane"},
+        **payload,
+    }
     return client.post("/api/emails/", body, content_type="application/json")
 
 
 def final(job_id: str, timeout: float = 40) -> Job:
     return wait_until(
-        lambda: Job.objects.filter(id=job_id, state__in=[JobState.SUCCEEDED, JobState.DEAD]).first(),
-        timeout=timeout, what=f"job {job_id} to finish",
+        lambda: Job.objects.filter(
+            id=job_id, state__in=[JobState.SUCCEEDED, JobState.DEAD]
+        ).first(),
+        timeout=timeout,
+        what=f"job {job_id} to finish",
     )
 
 
@@ -40,13 +48,20 @@ def test_api_sends_a_multipart_email(worker, mailbox, client, admin_user):
     assert received["To"] == "jane.doe@example.com"
     assert received["Subject"] == "Backlot test message"
     assert received.get_content_type() == "multipart/alternative"
-    parts = {part.get_content_type(): part.get_payload(decode=True).decode() for part in received.get_payload()}
+    parts = {
+        part.get_content_type(): part.get_payload(decode=True).decode()
+        for part in received.get_payload()
+    }
     assert "Hello Jane," in parts["text/plain"] and "<h2>Test message</h2>" in parts["text/html"]
 
 
 @pytest.mark.parametrize(
     "payload, field",
-    [({"to": "not-an-address"}, "to"), ({"template": "nope"}, "nope"), ({"context": "x"}, "context")],
+    [
+        ({"to": "not-an-address"}, "to"),
+        ({"template": "nope"}, "nope"),
+        ({"context": "x"}, "context"),
+    ],
 )
 def test_bad_input_is_400_and_queues_nothing(client, admin_user, payload, field, transactional_db):
     client.force_login(admin_user)
@@ -84,13 +99,17 @@ def test_deferred_recipient_is_retried(worker, mailbox, client, admin_user):
     assert len(mailbox.received()) == 1
 
 
-def test_connection_refused_is_retried_until_the_server_is_back(worker, smtp_server, mailbox, client, admin_user):
+def test_connection_refused_is_retried_until_the_server_is_back(
+    worker, smtp_server, mailbox, client, admin_user
+):
     smtp_server.stop()
     try:
         client.force_login(admin_user)
         body = send(client).json()
-        wait_until(lambda: Job.objects.filter(id=body["job_id"], state=JobState.RETRYING).exists(),
-                   what="a failed attempt")
+        wait_until(
+            lambda: Job.objects.filter(id=body["job_id"], state=JobState.RETRYING).exists(),
+            what="a failed attempt",
+        )
     finally:
         smtp_server.start()
 
@@ -148,8 +167,13 @@ def test_replaying_a_sent_message_does_not_send_it_again(worker, mailbox, client
     final(body["job_id"])
     # an operator replays the send job (e.g. after a later failure of the same job)
     dead = DeadLetter.objects.create(
-        job_id_value=uuid.uuid4(), task_name="emails.send", args=[body["email_id"]], kwargs={},
-        queue="emails", exception_class="X", first_failed_at="2026-01-01T00:00Z",
+        job_id_value=uuid.uuid4(),
+        task_name="emails.send",
+        args=[body["email_id"]],
+        kwargs={},
+        queue="emails",
+        exception_class="X",
+        first_failed_at="2026-01-01T00:00Z",
         last_failed_at="2026-01-01T00:00Z",
     )
 

@@ -18,12 +18,18 @@ def test_send_test_email_from_the_page_leads_to_its_job_page(client, admin_user,
     client.force_login(admin_user)
     assert b"Send a test email" in client.get("/emails/").content
 
-    response = client.post("/emails/", {"to": "someone@example.com", "template": "test", "name": "S"})
+    response = client.post(
+        "/emails/", {"to": "someone@example.com", "template": "test", "name": "S"}
+    )
 
     message = EmailMessage.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/jobs/{message.job_id}/"
     page = client.get(response["Location"])
-    assert page.status_code == 200 and b"emails.send" in page.content and b"data-status-url" in page.content
+    assert (
+        page.status_code == 200
+        and b"emails.send" in page.content
+        and b"data-status-url" in page.content
+    )
 
 
 def test_bad_address_shows_the_error_on_the_form(client, admin_user):
@@ -35,7 +41,9 @@ def test_bad_address_shows_the_error_on_the_form(client, admin_user):
 
 def test_campaign_page_flow(client, admin_user, clean_redis):
     client.force_login(admin_user)
-    response = client.post("/emails/campaigns/", {"name": "Spring", "headline": "Hi", "body": "Text"})
+    response = client.post(
+        "/emails/campaigns/", {"name": "Spring", "headline": "Hi", "body": "Text"}
+    )
     campaign = Campaign.objects.get()
     assert response["Location"] == f"/emails/campaigns/{campaign.pk}/"
 
@@ -47,7 +55,9 @@ def test_a_regular_user_signs_in_on_the_login_page(client, django_user_model):
     django_user_model.objects.create_user("plain", password="pw-plain-12345")
 
     page = client.get("/accounts/login/?next=/emails/")
-    response = client.post("/accounts/login/", {"username": "plain", "password": "pw-plain-12345", "next": "/emails/"})
+    response = client.post(
+        "/accounts/login/", {"username": "plain", "password": "pw-plain-12345", "next": "/emails/"}
+    )
 
     assert page.status_code == 200 and b"Sign in" in page.content
     assert response.status_code == 302 and response["Location"] == "/emails/"
@@ -57,10 +67,16 @@ def test_a_regular_user_signs_in_on_the_login_page(client, django_user_model):
 def test_nul_characters_are_a_400_not_a_server_error(client, admin_user):
     client.force_login(admin_user)
 
-    email = client.post("/api/emails/", {"to": "a@example.com", "template": "test", "context": {"name": "x\u0000y"}},
-                        content_type="application/json")
-    campaign = client.post("/api/campaigns/", {"name": "n", "context": {"k\u0000": None}},
-                           content_type="application/json")
+    email = client.post(
+        "/api/emails/",
+        {"to": "a@example.com", "template": "test", "context": {"name": "x\u0000y"}},
+        content_type="application/json",
+    )
+    campaign = client.post(
+        "/api/campaigns/",
+        {"name": "n", "context": {"k\u0000": None}},
+        content_type="application/json",
+    )
 
     assert email.status_code == 400 and "NUL" in email.json()["detail"]
     assert campaign.status_code == 400 and "NUL" in campaign.json()["detail"]

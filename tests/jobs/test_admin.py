@@ -17,9 +17,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def dead_letter(**fields) -> DeadLetter:
     now = timezone.now()
     values = dict(
-        job_id_value=uuid.uuid4(), task_name="tests.prioritized", args=["k", "replayed"], kwargs={},
-        queue="reports", exception_class="jobs.policies.Permanent", exception_message="nope",
-        traceback="Traceback (most recent call last):\n  boom", first_failed_at=now, last_failed_at=now,
+        job_id_value=uuid.uuid4(),
+        task_name="tests.prioritized",
+        args=["k", "replayed"],
+        kwargs={},
+        queue="reports",
+        exception_class="jobs.policies.Permanent",
+        exception_message="nope",
+        traceback="Traceback (most recent call last):\n  boom",
+        first_failed_at=now,
+        last_failed_at=now,
     )
     values.update(fields)
     return DeadLetter.objects.create(**values)
@@ -80,7 +87,9 @@ def viewer(django_user_model):
     from django.contrib.auth.models import Permission
 
     user = django_user_model.objects.create_user("viewer", password="pw-viewer-123", is_staff=True)
-    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_deadletter", "view_job"]))
+    user.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_deadletter", "view_job"])
+    )
     return user
 
 
@@ -110,10 +119,16 @@ def test_without_permission_no_actions_and_forged_post_is_403(client, viewer):
     client.force_login(viewer)
 
     listing = client.get("/admin/jobs/deadletter/")
-    forged = client.post("/admin/jobs/deadletter/", {"action": "replay_selected", "_selected_action": [row.pk]})
-    forged_discard = client.post("/admin/jobs/deadletter/", {"action": "discard_selected", "_selected_action": [row.pk]})
+    forged = client.post(
+        "/admin/jobs/deadletter/", {"action": "replay_selected", "_selected_action": [row.pk]}
+    )
+    forged_discard = client.post(
+        "/admin/jobs/deadletter/", {"action": "discard_selected", "_selected_action": [row.pk]}
+    )
 
-    assert b"replay_selected" not in listing.content and b"Replay all matching" not in listing.content
+    assert (
+        b"replay_selected" not in listing.content and b"Replay all matching" not in listing.content
+    )
     assert forged.status_code == 403 and forged_discard.status_code == 403
     assert client.get("/admin/jobs/deadletter/replay-matching/").status_code == 403
     assert client.get(f"/admin/jobs/deadletter/{row.pk}/replay/").status_code == 403
@@ -125,7 +140,10 @@ def test_actions_are_audited(admin_client, admin_user, clean_redis):
     from jobs.models import AuditEntry
 
     rows = [dead_letter(), dead_letter()]
-    admin_client.post("/admin/jobs/deadletter/", {"action": "replay_selected", "_selected_action": [r.pk for r in rows]})
+    admin_client.post(
+        "/admin/jobs/deadletter/",
+        {"action": "replay_selected", "_selected_action": [r.pk for r in rows]},
+    )
 
     entry = AuditEntry.objects.get()
     assert (entry.user, entry.action, entry.count) == (admin_user, "replay", 2)
@@ -147,7 +165,10 @@ def test_replay_with_edited_arguments_validates_and_records_the_edit(admin_clien
     row.refresh_from_db()
     assert row.status == DeadLetterStatus.REPLAYED and row.replayed_job.args == ["k", "new"]
     edit = AuditEntry.objects.get(action="replay-edited")
-    assert edit.detail["before"]["args"] == ["k", "old"] and edit.detail["after"]["args"] == ["k", "new"]
+    assert edit.detail["before"]["args"] == ["k", "old"] and edit.detail["after"]["args"] == [
+        "k",
+        "new",
+    ]
 
 
 def test_replay_all_matching_runs_in_the_background(worker, admin_client):
@@ -160,8 +181,15 @@ def test_replay_all_matching_runs_in_the_background(worker, admin_client):
     response = admin_client.post(url.split("?")[0], {"exception_class__exact": "ConnectionError"})
 
     job_id = response["Location"].split("/")[-2]
-    wait_until(lambda: Job.objects.filter(id=job_id, state=JobState.SUCCEEDED).exists(), what="bulk replay")
-    assert DeadLetter.objects.filter(pk__in=[r.pk for r in matching], status=DeadLetterStatus.REPLAYED).count() == 30
+    wait_until(
+        lambda: Job.objects.filter(id=job_id, state=JobState.SUCCEEDED).exists(), what="bulk replay"
+    )
+    assert (
+        DeadLetter.objects.filter(
+            pk__in=[r.pk for r in matching], status=DeadLetterStatus.REPLAYED
+        ).count()
+        == 30
+    )
     other.refresh_from_db()
     assert other.status == DeadLetterStatus.DEAD
     assert Job.objects.filter(replay_of__in=matching).count() == 30
@@ -181,7 +209,9 @@ def test_two_operators_replaying_at_once_make_one_job(transactional_db, clean_re
     def replay():
         barrier.wait()
         try:
-            outcomes.append(services.dead_letter_replay(dead_letter=DeadLetter.objects.get(pk=row.pk)).id)
+            outcomes.append(
+                services.dead_letter_replay(dead_letter=DeadLetter.objects.get(pk=row.pk)).id
+            )
         except ReplayError:
             outcomes.append("refused")
         finally:

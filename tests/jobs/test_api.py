@@ -101,8 +101,12 @@ def test_metrics_expose_queue_depth_and_dead_letters(client, clean_redis, settin
     tasks.prioritized.enqueue("k", "a")  # `reports`: no session worker drains it
     tasks.prioritized.enqueue("k", "b", priority=9)
     DeadLetter.objects.create(
-        job_id_value=uuid.uuid4(), task_name="tests.refused", queue="default",
-        exception_class="X", first_failed_at="2026-01-01T00:00:00Z", last_failed_at="2026-01-01T00:00:00Z",
+        job_id_value=uuid.uuid4(),
+        task_name="tests.refused",
+        queue="default",
+        exception_class="X",
+        first_failed_at="2026-01-01T00:00:00Z",
+        last_failed_at="2026-01-01T00:00:00Z",
     )
 
     text = client.get("/metrics").content.decode()

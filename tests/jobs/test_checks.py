@@ -71,20 +71,24 @@ def test_json_content_type_aliases_are_allowed(settings):
 def test_visibility_timeout_not_above_held_countdowns_is_an_error(settings, visibility):
     # defaults: countdowns up to 900 s in Redis, plus up to 30 s reserved by rate limits
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "visibility_timeout": visibility,
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        "visibility_timeout": visibility,
     }
 
     problems = check_celery_settings()
 
     assert ids(problems) == ["jobs.E002"]
     assert isinstance(problems[0], checks.Error)
-    assert f"Countdowns up to 930s may sit in Redis but the visibility timeout is {visibility}s" \
+    assert (
+        f"Countdowns up to 930s may sit in Redis but the visibility timeout is {visibility}s"
         in problems[0].msg
+    )
 
 
 def test_visibility_timeout_is_checked_against_the_configured_limits(settings):
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "visibility_timeout": 1000,
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        "visibility_timeout": 1000,
     }
     assert check_celery_settings() == []
 
@@ -95,7 +99,8 @@ def test_visibility_timeout_is_checked_against_the_configured_limits(settings):
 def test_both_problems_are_reported_together(settings):
     settings.CELERY_ACCEPT_CONTENT = ["pickle"]
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {
-        **settings.CELERY_BROKER_TRANSPORT_OPTIONS, "visibility_timeout": 60,
+        **settings.CELERY_BROKER_TRANSPORT_OPTIONS,
+        "visibility_timeout": 60,
     }
     assert ids(check_celery_settings()) == ["jobs.E001", "jobs.E002"]
 
@@ -116,7 +121,7 @@ def test_unknown_queue_is_an_error_naming_the_job(declare):
     error = problems[0]
     assert isinstance(error, checks.Error)
     assert error.obj == "tests.checks.badqueue"
-    assert "Job tests.checks.badqueue uses queue 'nope', which is not configured." == error.msg
+    assert error.msg == "Job tests.checks.badqueue uses queue 'nope', which is not configured."
     assert error.hint == "Use one of default, emails, reports, media."
 
 
@@ -146,7 +151,8 @@ def test_checks_run_with_manage_py_check(settings):
 
 
 @pytest.mark.parametrize(
-    "rate_limit", ["fast", "10/d", {"free": "5/s", "pro": "lots"}],
+    "rate_limit",
+    ["fast", "10/d", {"free": "5/s", "pro": "lots"}],
 )
 def test_invalid_rate_limit_is_rejected_when_the_job_is_declared(rate_limit):
     with pytest.raises(ValueError, match="Invalid rate limit"):

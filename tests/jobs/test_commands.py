@@ -28,9 +28,17 @@ def run(*args: str) -> str:
 
 def dead_letter(**fields) -> DeadLetter:
     now = timezone.now()
-    values = dict(job_id_value=uuid.uuid4(), task_name="tests.prioritized", args=["k", "x"], kwargs={},
-                  queue="reports", exception_class="ConnectionError", exception_message="refused",
-                  first_failed_at=now, last_failed_at=now)
+    values = dict(
+        job_id_value=uuid.uuid4(),
+        task_name="tests.prioritized",
+        args=["k", "x"],
+        kwargs={},
+        queue="reports",
+        exception_class="ConnectionError",
+        exception_message="refused",
+        first_failed_at=now,
+        last_failed_at=now,
+    )
     return DeadLetter.objects.create(**{**values, **fields})
 
 
@@ -52,8 +60,15 @@ def test_retry_filters_dry_run_and_limit(clean_redis):
     assert "Would replay 3 dead letter(s)" in preview
     assert DeadLetter.objects.unresolved().count() == 4
 
-    assert "Replayed 2 dead letter(s)" in run("retry", "--exception", "ConnectionError", "--limit", "2")
-    assert DeadLetter.objects.filter(pk__in=[r.pk for r in refused], status=DeadLetterStatus.REPLAYED).count() == 2
+    assert "Replayed 2 dead letter(s)" in run(
+        "retry", "--exception", "ConnectionError", "--limit", "2"
+    )
+    assert (
+        DeadLetter.objects.filter(
+            pk__in=[r.pk for r in refused], status=DeadLetterStatus.REPLAYED
+        ).count()
+        == 2
+    )
     assert Job.objects.filter(replay_of__isnull=False).count() == 2
     other.refresh_from_db()
     assert other.status == DeadLetterStatus.DEAD
@@ -66,7 +81,8 @@ def test_discard_by_task(clean_redis):
 
     assert "Discarded 1 dead letter(s)" in run("discard", "--task", "tests.a")
     assert set(DeadLetter.objects.values_list("task_name", "status")) == {
-        ("tests.a", "discarded"), ("tests.b", "dead"),
+        ("tests.a", "discarded"),
+        ("tests.b", "dead"),
     }
 
 
@@ -107,7 +123,9 @@ def test_degraded_health_alerts_once_and_announces_recovery(clean_redis, setting
     second = alerts_check()
 
     assert any("queue reports: 2 waiting > 1" in p for p in first["fired"])
-    assert not any("reports: " in p and "waiting" in p for p in second["fired"])  # once per interval
+    assert not any(
+        "reports: " in p and "waiting" in p for p in second["fired"]
+    )  # once per interval
     assert any("waiting" in m.subject and "reports" in m.subject for m in mail.outbox)
 
     redis_client().delete(*[k for k in redis_client().scan_iter("reports*")])  # the backlog drains
@@ -120,7 +138,9 @@ def test_relay_once_publishes_the_outbox(clean_redis):
     from jobs.monitoring import broker_queue_keys
 
     handle = tasks.prioritized.enqueue("k", "a")
-    Job.objects.filter(id=handle.id).update(published_at=None, enqueued_at=timezone.now() - timedelta(minutes=1))
+    Job.objects.filter(id=handle.id).update(
+        published_at=None, enqueued_at=timezone.now() - timedelta(minutes=1)
+    )
     redis_client().delete(*broker_queue_keys("reports"))  # the message never made it
 
     out = run("relay", "--once")

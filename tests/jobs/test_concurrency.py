@@ -32,8 +32,14 @@ print(json.dumps(ids))
 def test_fifty_concurrent_enqueues_make_one_job(worker, worker_env, unique):
     env = {**worker_env, "DJANGO_SETTINGS_MODULE": "config.settings"}
     procs = [
-        subprocess.Popen([sys.executable, "-c", ENQUEUER, unique, f"p{n}"], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", ENQUEUER, unique, f"p{n}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for n in range(5)
     ]
     ids = []

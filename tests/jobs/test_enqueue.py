@@ -27,11 +27,15 @@ def messages_waiting(queue: str = "reports") -> int:
 
 
 def test_enqueue_writes_the_ledger_row_and_publishes(clean_redis, admin_user):
-    handle = tasks.prioritized.enqueue("k", label="a", priority=8, owner=admin_user, idempotency_key="o-1")
+    handle = tasks.prioritized.enqueue(
+        "k", label="a", priority=8, owner=admin_user, idempotency_key="o-1"
+    )
 
     job = Job.objects.get(id=handle.id)
     assert handle.created
-    assert job.task_name == "tests.prioritized" and job.args == ["k"] and job.kwargs == {"label": "a"}
+    assert (
+        job.task_name == "tests.prioritized" and job.args == ["k"] and job.kwargs == {"label": "a"}
+    )
     assert job.state == JobState.QUEUED and job.queue == "reports" and job.priority == 8
     assert job.owner == admin_user and job.idempotency_key == "o-1"
     assert job.max_attempts == tasks.prioritized.policy.max_attempts and job.attempts == 0

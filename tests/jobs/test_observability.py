@@ -16,8 +16,12 @@ def test_worker_logs_one_line_per_event_and_no_email_addresses(worker, unique):
     wait_until(lambda: Job.objects.filter(id=handle.id, state=JobState.DEAD).exists())
 
     log = wait_until(
-        lambda: (text := worker.output()) and f"job dead id={handle.id}" in text
-        and "550 recipient refused: s***@example.com" in text and text,
+        lambda: (
+            (text := worker.output())
+            and f"job dead id={handle.id}" in text
+            and "550 recipient refused: s***@example.com" in text
+            and text
+        ),
         what="the dead-letter log lines",
     )
     assert f"job started id={handle.id} task=tests.refused queue=default attempt=1" in log
@@ -25,8 +29,15 @@ def test_worker_logs_one_line_per_event_and_no_email_addresses(worker, unique):
 
 
 def test_json_log_lines_carry_the_job_fields():
-    record = logging.LogRecord("backlot.jobs", logging.INFO, __file__, 1, "job %s to %s",
-                               ("succeeded", "ann@example.com"), None)
+    record = logging.LogRecord(
+        "backlot.jobs",
+        logging.INFO,
+        __file__,
+        1,
+        "job %s to %s",
+        ("succeeded", "ann@example.com"),
+        None,
+    )
     record.job_id, record.task, record.attempt, record.duration = "abc", "emails.send", 2, 0.5
 
     entry = json.loads(JsonFormatter().format(record))
@@ -36,8 +47,17 @@ def test_json_log_lines_carry_the_job_fields():
 
 
 def test_metrics_count_finished_jobs_across_worker_processes(worker, client, unique):
-    handles = [tasks.add.enqueue(n, n) for n in range(6)] + [tasks.refused.enqueue(unique, to="x@example.com")]
-    wait_until(lambda: Job.objects.filter(id__in=[h.id for h in handles], state__in=["succeeded", "dead"]).count() == 7)
+    handles = [tasks.add.enqueue(n, n) for n in range(6)] + [
+        tasks.refused.enqueue(unique, to="x@example.com")
+    ]
+    wait_until(
+        lambda: (
+            Job.objects.filter(
+                id__in=[h.id for h in handles], state__in=["succeeded", "dead"]
+            ).count()
+            == 7
+        )
+    )
 
     text = client.get("/metrics").content.decode()
 

@@ -136,7 +136,9 @@ def test_payload_exactly_at_the_limit_is_accepted():
 
 def broker_messages() -> int:
     client = redis_client()
-    return sum(client.llen(key) for key in broker_queue_keys("reports"))  # no session worker drains it
+    return sum(
+        client.llen(key) for key in broker_queue_keys("reports")
+    )  # no session worker drains it
 
 
 @pytest.fixture

@@ -123,7 +123,13 @@ def test_longest_delay_of_backoff_is_the_last_retry_capped(max_attempts, max_del
 
 @pytest.mark.parametrize(
     "exc",
-    [Retryable("busy"), ConnectionRefusedError(), ConnectionError(), TimeoutError(), TimeLimitHit()],
+    [
+        Retryable("busy"),
+        ConnectionRefusedError(),
+        ConnectionError(),
+        TimeoutError(),
+        TimeLimitHit(),
+    ],
 )
 def test_default_policy_retries_transient_errors(exc):
     assert RetryPolicy(max_attempts=3).should_retry(exc, 1) is True
@@ -135,8 +141,9 @@ def test_permanent_is_never_retried_even_when_listed_in_retry_on():
 
 
 def test_give_up_on_wins_over_retry_on():
-    policy = RetryPolicy(max_attempts=5, retry_on=(ConnectionError,),
-                         give_up_on=(ConnectionRefusedError,))
+    policy = RetryPolicy(
+        max_attempts=5, retry_on=(ConnectionError,), give_up_on=(ConnectionRefusedError,)
+    )
     assert policy.should_retry(ConnectionResetError(), 1) is True
     assert policy.should_retry(ConnectionRefusedError(), 1) is False
 
@@ -156,7 +163,10 @@ def test_custom_retry_on_replaces_the_defaults():
 def test_no_retry_once_max_attempts_is_reached():
     policy = RetryPolicy(max_attempts=3)
     assert [policy.should_retry(ConnectionError(), n) for n in (1, 2, 3, 4)] == [
-        True, True, False, False,
+        True,
+        True,
+        False,
+        False,
     ]
     assert RetryPolicy(max_attempts=1).should_retry(ConnectionError(), 1) is False
 

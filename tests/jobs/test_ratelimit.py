@@ -112,8 +112,12 @@ def test_token_is_available_again_after_the_interval(limiter):
     assert full.verdict == "full" and full.wait == pytest.approx(0.1, abs=0.03)
 
     # polling with max_reserve=0 never takes a slot, so the first "go" is the refilled token
-    wait_until(lambda: limiter.acquire("api", "10/s", max_reserve=0).allowed,
-               timeout=2, interval=0.01, what="a token to come back")
+    wait_until(
+        lambda: limiter.acquire("api", "10/s", max_reserve=0).allowed,
+        timeout=2,
+        interval=0.01,
+        what="a token to come back",
+    )
 
     assert time.monotonic() - started >= full.wait - 0.02
 

@@ -13,8 +13,11 @@ from tests.support import tasks
 
 def finished(job_id: str, timeout: float = 30) -> Job:
     return wait_until(
-        lambda: Job.objects.filter(id=job_id, state__in=[JobState.SUCCEEDED, JobState.DEAD]).first(),
-        timeout=timeout, what=f"job {job_id} to finish",
+        lambda: Job.objects.filter(
+            id=job_id, state__in=[JobState.SUCCEEDED, JobState.DEAD]
+        ).first(),
+        timeout=timeout,
+        what=f"job {job_id} to finish",
     )
 
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import date, datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -22,7 +21,7 @@ from tests.reports.conftest import RECIPIENTS, final_job, final_report, pdf_text
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NEW_YORK = ZoneInfo("America/New_York")
-UTC = dt_timezone.utc
+UTC = UTC
 
 
 def daily() -> PeriodicTask:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
-from datetime import date, datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -230,7 +229,7 @@ def test_operations_period_follows_its_time_zone():
         task="t",
         queue="default",
         state=JobState.SUCCEEDED,
-        finished_at=datetime(2025, 3, 10, 3, 30, tzinfo=dt_timezone.utc),
+        finished_at=datetime(2025, 3, 10, 3, 30, tzinfo=UTC),
         run_seconds=1.0,
     )
     new_york_9th = OperationsParams(
@@ -350,7 +349,7 @@ def test_render_writes_the_pdf_under_media_root_with_a_generated_name(media_clea
     reader, text = pdf_text(path.read_bytes())
     assert reader.metadata.title.startswith("Sales summary")
     assert "Sales summary" in text and "Top 10 products" in text
-    assert [done for done, _ in steps] == list(range(0, 9)) and {total for _, total in steps} == {8}
+    assert [done for done, _ in steps] == list(range(9)) and {total for _, total in steps} == {8}
     assert summary["pages"] == report.pages
 
     # a second run (a redelivered message) keeps the file and does not render again
@@ -416,7 +415,7 @@ def test_hourly_buckets_follow_the_clock_change(day, hours):
 
     assert len(found) == hours
     assert found[0] == datetime.combine(day, datetime.min.time(), zone)
-    assert len({bucket.astimezone(dt_timezone.utc) for bucket in found}) == hours
+    assert len({bucket.astimezone(UTC) for bucket in found}) == hours
 
 
 @pytest.mark.parametrize("days", [1, 20, 90, 300])

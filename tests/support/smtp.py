@@ -41,8 +41,9 @@ class Mailbox:
         while not self.release.is_set() and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    async def handle_RCPT(self, server: Any, session: Any, envelope: Any, address: str,
-                          rcpt_options: list[str]) -> str:
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: list[str]
+    ) -> str:
         with self.lock:
             if address in self.refuse:
                 return self.refuse[address]

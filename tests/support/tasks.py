@@ -17,7 +17,9 @@ from jobs.ratelimit import redis_client
 
 def mark(key: str, value: Any = None) -> int:
     """Append a timestamped entry to a Redis list the test reads; returns the new length."""
-    return int(redis_client().rpush(f"test:{key}", f"{time.time()}|{'' if value is None else value}"))
+    return int(
+        redis_client().rpush(f"test:{key}", f"{time.time()}|{'' if value is None else value}")
+    )
 
 
 def wait_for_flag(key: str, timeout: float = 30) -> bool:
@@ -45,7 +47,9 @@ def record_untracked(key: str) -> None:
     mark(key)
 
 
-@job(name="tests.flaky", retry=RetryPolicy(max_attempts=4, base_delay=1.0, factor=2.0, jitter=False))
+@job(
+    name="tests.flaky", retry=RetryPolicy(max_attempts=4, base_delay=1.0, factor=2.0, jitter=False)
+)
 def flaky(key: str, fail_times: int) -> str:
     runs = mark(key)
     if runs <= fail_times:
@@ -97,8 +101,12 @@ def effect_then_fail(key: str) -> str:
     return "ok"
 
 
-@job(name="tests.time_limited", soft_time_limit=1, time_limit=3,
-     retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False))
+@job(
+    name="tests.time_limited",
+    soft_time_limit=1,
+    time_limit=3,
+    retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False),
+)
 def time_limited(key: str) -> None:
     mark(key)
     time.sleep(10)
@@ -109,8 +117,12 @@ def prioritized(key: str, label: str) -> None:
     mark(key, label)
 
 
-@job(name="tests.hard_limited", time_limit=2, soft_time_limit=1,
-     retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False))
+@job(
+    name="tests.hard_limited",
+    time_limit=2,
+    soft_time_limit=1,
+    retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False),
+)
 def hard_limited(key: str) -> None:
     mark(key)
     while True:  # swallows the soft limit, as code stuck in a C call would: only the kill ends it

@@ -20,10 +20,24 @@ def start_beat(name: str, env: dict[str, str]) -> tuple[subprocess.Popen, object
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = open(LOG_DIR / f"beat-{name}.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "beat", "--pidfile=", "-l", "INFO",
-         "--scheduler", "jobs.beat:LeaderDatabaseScheduler"],
-        cwd=ROOT, env={**env, "BACKLOT_BEAT_LOCK_TTL": str(LOCK_TTL)}, stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "beat",
+            "--pidfile=",
+            "-l",
+            "INFO",
+            "--scheduler",
+            "jobs.beat:LeaderDatabaseScheduler",
+        ],
+        cwd=ROOT,
+        env={**env, "BACKLOT_BEAT_LOCK_TTL": str(LOCK_TTL)},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     return process, log
 
@@ -34,14 +48,24 @@ def log_of(name: str) -> str:
 
 def test_two_beats_fire_each_tick_once_and_a_dead_leader_is_replaced(worker, worker_env, unique):
     every_second = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
-    PeriodicTask.objects.create(name=f"tick {unique}", task="tests.record", interval=every_second,
-                                args=json.dumps([unique, "tick"]), queue="default")
+    PeriodicTask.objects.create(
+        name=f"tick {unique}",
+        task="tests.record",
+        interval=every_second,
+        args=json.dumps([unique, "tick"]),
+        queue="default",
+    )
     first, first_log = start_beat(f"a-{unique}", worker_env)
     second, second_log = start_beat(f"b-{unique}", worker_env)
     try:
-        wait_until(lambda: "is now the leader" in log_of(f"a-{unique}") + log_of(f"b-{unique}"),
-                   timeout=30, what="a beat to lead")
-        leader, follower = (first, "b") if "is now the leader" in log_of(f"a-{unique}") else (second, "a")
+        wait_until(
+            lambda: "is now the leader" in log_of(f"a-{unique}") + log_of(f"b-{unique}"),
+            timeout=30,
+            what="a beat to lead",
+        )
+        leader, follower = (
+            (first, "b") if "is now the leader" in log_of(f"a-{unique}") else (second, "a")
+        )
         wait_until(lambda: len(marks(unique)) >= 2, timeout=30, what="ticks to fire")
         start = marks(unique)[-1][0]
         wait_until(lambda: marks(unique)[-1][0] >= start + 8, timeout=30, what="8 s of ticks")
@@ -51,10 +75,16 @@ def test_two_beats_fire_each_tick_once_and_a_dead_leader_is_replaced(worker, wor
 
         os.killpg(leader.pid, signal.SIGKILL)
         killed_at = time.time()
-        wait_until(lambda: "is now the leader" in log_of(f"{follower}-{unique}"), timeout=LOCK_TTL + 10,
-                   what="the other beat to take over")
-        wait_until(lambda: marks(unique)[-1][0] > killed_at + 1, timeout=LOCK_TTL + 10,
-                   what="ticks to resume")
+        wait_until(
+            lambda: "is now the leader" in log_of(f"{follower}-{unique}"),
+            timeout=LOCK_TTL + 10,
+            what="the other beat to take over",
+        )
+        wait_until(
+            lambda: marks(unique)[-1][0] > killed_at + 1,
+            timeout=LOCK_TTL + 10,
+            what="ticks to resume",
+        )
         resumed = min(t for t, _ in marks(unique) if t > killed_at + 0.5)
         assert resumed - killed_at <= LOCK_TTL + 3
     finally:

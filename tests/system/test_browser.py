@@ -30,9 +30,15 @@ except ImportError as exc:  # a collection error, never a skip
     raise ImportError("playwright is missing: run `make venv` (pip install -e '.[dev]')") from exc
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 ARTIFACTS = ROOT / ".data" / "test-artifacts" / "browser"
 PASSWORD = "pw-oncall-" + uuid.uuid4().hex[:12]
 
@@ -59,19 +65,24 @@ class Screenshots:
 def page(worker: Worker, live_server: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Page]:
     """A chromium page on the live server (which runs against the test database)."""
     if not CHROMIUM.is_file():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium); "
-                    "this test needs Debian's chromium and does not skip without it", pytrace=False)
+        pytest.fail(
+            f"{CHROMIUM} is missing: `make test` installs it (apt-get install chromium); "
+            "this test needs Debian's chromium and does not skip without it",
+            pytrace=False,
+        )
     # Playwright's sync API keeps an asyncio loop running in this thread. Django's guard would
     # refuse the test's ORM calls (plain sync calls, so allow them), and while the loop runs
     # they use a connection of their own: close it before the loop stops, or it stays open
     # and blocks dropping the test database.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
-                                             args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
         try:
-            context = browser.new_context(base_url=live_server.url,
-                                          viewport={"width": 1400, "height": 900})
+            context = browser.new_context(
+                base_url=live_server.url, viewport={"width": 1400, "height": 900}
+            )
             context.set_default_timeout(10_000)
             yield context.new_page()
         finally:
@@ -80,8 +91,9 @@ def page(worker: Worker, live_server: Any, monkeypatch: pytest.MonkeyPatch) -> I
 
 
 @pytest.fixture
-def shots(page: Page, request: pytest.FixtureRequest,
-          capsys: pytest.CaptureFixture[str]) -> Iterator[Screenshots]:
+def shots(
+    page: Page, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> Iterator[Screenshots]:
     """Screenshots of the test's steps (and of the page it failed on), listed at the end."""
     screenshots = Screenshots(page)
     failed_before = request.session.testsfailed
@@ -100,16 +112,21 @@ def reports_unconsumed(worker: Worker) -> Iterator[None]:
     worker on it that lives until the end of a full run: pause its consumer, and give the
     queue back (emptied) afterwards.
     """
+
     def consumers() -> list[str]:
         replies = celery_app.control.inspect(timeout=1.0).active_queues() or {}
-        return [name for name, queues in replies.items()
-                if any(queue["name"] == "reports" for queue in queues)]
+        return [
+            name
+            for name, queues in replies.items()
+            if any(queue["name"] == "reports" for queue in queues)
+        ]
 
     holders = consumers()
     if holders:
         celery_app.control.cancel_consumer("reports", destination=holders, reply=True, timeout=5)
-        wait_until(lambda: not consumers(), timeout=15, interval=0.1,
-                   what="`reports` consumers to pause")
+        wait_until(
+            lambda: not consumers(), timeout=15, interval=0.1, what="`reports` consumers to pause"
+        )
     yield
     redis_client().delete(*broker_queue_keys("reports"))
     if holders:
@@ -124,15 +141,25 @@ def operator(django_user_model: Any) -> Any:
 def dead_letter_that_will_succeed() -> DeadLetter:
     now = timezone.now()
     return DeadLetter.objects.create(
-        job_id_value=uuid.uuid4(), task_name="tests.add", args=[2, 3], kwargs={}, queue="default",
-        exception_class="ConnectionError", exception_message="provider outage",
+        job_id_value=uuid.uuid4(),
+        task_name="tests.add",
+        args=[2, 3],
+        kwargs={},
+        queue="default",
+        exception_class="ConnectionError",
+        exception_message="provider outage",
         traceback="Traceback (most recent call last):\n  ConnectionError: provider outage",
-        first_failed_at=now, last_failed_at=now, attempts=5,
+        first_failed_at=now,
+        last_failed_at=now,
+        attempts=5,
     )
 
 
 def test_operator_replays_a_dead_letter_and_watches_the_dashboard(
-    page: Page, shots: Screenshots, operator: Any, reports_unconsumed: None,
+    page: Page,
+    shots: Screenshots,
+    operator: Any,
+    reports_unconsumed: None,
 ) -> None:
     row = dead_letter_that_will_succeed()
 
@@ -168,8 +195,9 @@ def test_operator_replays_a_dead_letter_and_watches_the_dashboard(
         page.reload()
         return state.inner_text().strip().lower() == "succeeded"
 
-    wait_until(shows_succeeded, timeout=20, interval=0.5,
-               what="the replayed job's page to say succeeded")
+    wait_until(
+        shows_succeeded, timeout=20, interval=0.5, what="the replayed job's page to say succeeded"
+    )
     shots.take("job-succeeded")
 
     # the dashboard, reached from the admin index, follows the `reports` queue by itself

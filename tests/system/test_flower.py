@@ -35,14 +35,28 @@ class Flower:
         self.log_path = LOG_DIR / f"flower-{self.port}.log"
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "celery", "-A", "config", "flower",
-                 "--conf=config/flowerconfig.py", f"--port={self.port}",
-                 "--address=127.0.0.1", f"--basic-auth={self.user}:{self.password}"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "config",
+                    "flower",
+                    "--conf=config/flowerconfig.py",
+                    f"--port={self.port}",
+                    "--address=127.0.0.1",
+                    f"--basic-auth={self.user}:{self.password}",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
-    def get(self, path: str, auth: tuple[str, str] | None = None,
-            timeout: float = 10) -> tuple[int, bytes]:
+    def get(
+        self, path: str, auth: tuple[str, str] | None = None, timeout: float = 10
+    ) -> tuple[int, bytes]:
         """GET `path`; (status, body), also for 4xx/5xx answers."""
         request = urllib.request.Request(self.url + path)
         if auth is not None:
@@ -78,10 +92,18 @@ class Flower:
         return status == 200 and online in body.decode()
 
     def wait_ready(self, worker: Worker) -> None:
-        wait_until(lambda: self.alive() and answers(self.port), timeout=30, interval=0.1,
-                   what=f"flower to listen on {self.port}")
-        wait_until(lambda: self.alive() and self.hears(worker), timeout=30, interval=0.5,
-                   what=f"flower to receive events from {worker.name}")
+        wait_until(
+            lambda: self.alive() and answers(self.port),
+            timeout=30,
+            interval=0.1,
+            what=f"flower to listen on {self.port}",
+        )
+        wait_until(
+            lambda: self.alive() and self.hears(worker),
+            timeout=30,
+            interval=0.5,
+            what=f"flower to receive events from {worker.name}",
+        )
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -150,14 +172,17 @@ def test_a_finished_job_appears_in_the_api(flower: Flower, worker: Worker) -> No
     # given Flower already listening to the worker's events (the fixture waited for that)
     # when a job runs to the end on the session worker
     handle = tasks.add.enqueue(2, 3)
-    wait_until(lambda: Job.objects.filter(id=handle.id, state=JobState.SUCCEEDED).exists(),
-               what=f"job {handle.id} to succeed")
+    wait_until(
+        lambda: Job.objects.filter(id=handle.id, state=JobState.SUCCEEDED).exists(),
+        what=f"job {handle.id} to succeed",
+    )
 
     # then Flower lists it, finished, under the job's id
     def listed() -> dict[str, Any] | None:
         found = json.loads(flower.get_ok("/api/tasks")).get(handle.id)
         return found if found and found.get("state") == "SUCCESS" else None
 
-    task = wait_until(listed, timeout=15, interval=0.2,
-                      what=f"flower to list {handle.id} as SUCCESS")
+    task = wait_until(
+        listed, timeout=15, interval=0.2, what=f"flower to list {handle.id} as SUCCESS"
+    )
     assert (task["name"], task["worker"], task["result"]) == ("tests.add", worker.name, "5")

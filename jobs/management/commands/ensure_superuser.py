@@ -16,7 +16,9 @@ class Command(BaseCommand):
         email = os.environ.get("DJANGO_SUPERUSER_EMAIL", "admin@example.com")
         User = get_user_model()
         if User.objects.filter(username=username).exists():
-            self.stdout.write(f"Superuser {username!r} exists; log in at http://127.0.0.1:8000/admin/")
+            self.stdout.write(
+                f"Superuser {username!r} exists; log in at http://127.0.0.1:8000/admin/"
+            )
             return
         User.objects.create_superuser(username=username, email=email, password=password)
         self.stdout.write(

@@ -16,9 +16,15 @@ from jobs.models import DeadLetter
 from jobs.retention import retention_purge
 
 COLUMNS = [
-    ("queue", "name"), ("waiting", "waiting"), ("sched", "scheduled"), ("running", "running"),
-    ("dead", "dead_letters"), ("done 1h", "completed_last_hour"), ("failed 1h", "failed_last_hour"),
-    ("per min", "throughput_per_minute"), ("oldest s", "oldest_wait_seconds"),
+    ("queue", "name"),
+    ("waiting", "waiting"),
+    ("sched", "scheduled"),
+    ("running", "running"),
+    ("dead", "dead_letters"),
+    ("done 1h", "completed_last_hour"),
+    ("failed 1h", "failed_last_hour"),
+    ("per min", "throughput_per_minute"),
+    ("oldest s", "oldest_wait_seconds"),
 ]
 
 
@@ -29,8 +35,14 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         status = sub.add_parser("status", help="Queues, workers and health.")
         status.add_argument("--json", action="store_true", help="Print JSON for scripts.")
-        status.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
-                            help="Refresh every SECONDS (default 2) until Ctrl-C.")
+        status.add_argument(
+            "--watch",
+            type=float,
+            nargs="?",
+            const=2.0,
+            metavar="SECONDS",
+            help="Refresh every SECONDS (default 2) until Ctrl-C.",
+        )
         for name, text in (("retry", "Replay dead letters."), ("discard", "Discard dead letters.")):
             action = sub.add_parser(name, help=text)
             action.add_argument("--task")
@@ -39,10 +51,14 @@ class Command(BaseCommand):
             action.add_argument("--since", help="ISO time: failed at or after")
             action.add_argument("--until", help="ISO time: failed before")
             action.add_argument("--limit", type=int)
-            action.add_argument("--dry-run", action="store_true", help="Only say what would happen.")
+            action.add_argument(
+                "--dry-run", action="store_true", help="Only say what would happen."
+            )
         purge = sub.add_parser("purge", help="Apply retention now.")
         purge.add_argument("--dry-run", action="store_true")
-        relay = sub.add_parser("relay", help="Publish the outbox until stopped (a process of its own).")
+        relay = sub.add_parser(
+            "relay", help="Publish the outbox until stopped (a process of its own)."
+        )
         relay.add_argument("--interval", type=float, default=1.0, help="Seconds between sweeps.")
         relay.add_argument("--once", action="store_true", help="One sweep, then exit.")
 
@@ -76,14 +92,21 @@ class Command(BaseCommand):
         lines += [f"  ! {p}" for p in data["health"]["problems"]]
         lines.append("")
         for index, row in enumerate(rows):
-            lines.append("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))))
+            lines.append(
+                "  ".join(
+                    cell.ljust(w) if i == 0 else cell.rjust(w)
+                    for i, (cell, w) in enumerate(zip(row, widths))
+                )
+            )
             if index == 0:
                 lines.append("  ".join("-" * w for w in widths))
         lines.append("")
         workers = data["workers"]
         lines.append(f"Workers ({len(workers)}):")
         for host, detail in workers.items():
-            lines.append(f"  {host}  queues={','.join(detail['queues'])}  concurrency={detail['concurrency']}")
+            lines.append(
+                f"  {host}  queues={','.join(detail['queues'])}  concurrency={detail['concurrency']}"
+            )
         return "\n".join(lines) + "\n"
 
     # --- retry / discard ----------------------------------------------------------------
@@ -91,12 +114,18 @@ class Command(BaseCommand):
         for key in ("since", "until"):
             if options.get(key) and parse_datetime(options[key]) is None:
                 raise CommandError(f"--{key} must be an ISO date-time, e.g. 2026-11-29T09:00:00Z")
-        filters = {key: options.get(key) for key in ("task", "exception", "queue", "since", "until")}
+        filters = {
+            key: options.get(key) for key in ("task", "exception", "queue", "since", "until")
+        }
         queryset = DeadLetter.objects.unresolved().matching(filters)
         return queryset, {k: v for k, v in filters.items() if v}
 
     def _preview(self, queryset: Any, limit: int | None, verb: str) -> None:
-        rows = list(queryset.order_by("pk")[: limit or None].values_list("pk", "task_name", "exception_class", "exception_message"))
+        rows = list(
+            queryset.order_by("pk")[: limit or None].values_list(
+                "pk", "task_name", "exception_class", "exception_message"
+            )
+        )
         self.stdout.write(f"Would {verb} {len(rows)} dead letter(s):")
         for pk, task, exc, message in rows[:50]:
             self.stdout.write(f"  #{pk} {task} {exc}: {mask_text(message)[:80]}")

@@ -18,9 +18,9 @@ import gc
 from collections.abc import Iterator
 from typing import Any
 
+import hypothesis
 import pytest
 import schemathesis
-import hypothesis
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import response_schema_conformance
@@ -83,27 +83,56 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
         return response.json() if "json" in response.headers.get("content-type", [""])[0] else None
 
     # given one object of each kind, made through the API by the token's user
-    email = send("POST", "/api/emails/", 202, media_type="application/json",
-                 body={"to": "real.object@example.com", "template": "test"})
-    campaign = send("POST", "/api/campaigns/", 201, media_type="application/json",
-                    body={"name": "Security check", "recipients": [{"email": "ro@example.com"}]})
+    email = send(
+        "POST",
+        "/api/emails/",
+        202,
+        media_type="application/json",
+        body={"to": "real.object@example.com", "template": "test"},
+    )
+    campaign = send(
+        "POST",
+        "/api/campaigns/",
+        201,
+        media_type="application/json",
+        body={"name": "Security check", "recipients": [{"email": "ro@example.com"}]},
+    )
     ids = {"campaign_id": campaign["campaign_id"]}
-    recipients = send("POST", "/api/campaigns/{campaign_id}/recipients/import", 202,
-                      path_parameters=ids, media_type="multipart/form-data",
-                      body={"file": b"email,name\nrecipient.two@example.com,Two\n"})
+    recipients = send(
+        "POST",
+        "/api/campaigns/{campaign_id}/recipients/import",
+        202,
+        path_parameters=ids,
+        media_type="multipart/form-data",
+        body={"file": b"email,name\nrecipient.two@example.com,Two\n"},
+    )
     send("POST", "/api/campaigns/{campaign_id}/start", 202, path_parameters=ids)
     period = {"start": "2025-01-01", "end": "2025-01-07"}
-    report = send("POST", "/api/reports/", 202, media_type="application/json",
-                  body={"kind": "operations", "params": period})
-    video = send("POST", "/api/videos/", 202, media_type="multipart/form-data",
-                 body={"file": b"probed later by the worker"})
+    report = send(
+        "POST",
+        "/api/reports/",
+        202,
+        media_type="application/json",
+        body={"kind": "operations", "params": period},
+    )
+    video = send(
+        "POST",
+        "/api/videos/",
+        202,
+        media_type="multipart/form-data",
+        body={"file": b"probed later by the worker"},
+    )
 
     # when each is read back, then every documented answer matches its schema
     send("GET", "/api/jobs/{job_id}/", 200, path_parameters={"job_id": email["job_id"]})
     send("GET", "/api/emails/{email_id}/", 200, path_parameters={"email_id": email["email_id"]})
     send("GET", "/api/campaigns/{campaign_id}/", 200, path_parameters=ids)
-    send("GET", "/api/campaigns/{campaign_id}/imports/{import_id}/", 200,
-         path_parameters={**ids, "import_id": recipients["import_id"]})
+    send(
+        "GET",
+        "/api/campaigns/{campaign_id}/imports/{import_id}/",
+        200,
+        path_parameters={**ids, "import_id": recipients["import_id"]},
+    )
     report_ids = {"report_id": report["report_id"]}
     send("GET", "/api/reports/{report_id}/", 200, path_parameters=report_ids)
     send("GET", "/api/reports/{report_id}/download", 409, path_parameters=report_ids)

@@ -21,7 +21,9 @@ TODAY = timezone.localdate()
 PERIOD = {"start": str(TODAY - timedelta(days=6)), "end": str(TODAY)}
 WRITES = [
     pytest.param(
-        "/api/emails/", {"to": "csrf.check@example.com", "template": "test"}, EmailMessage,
+        "/api/emails/",
+        {"to": "csrf.check@example.com", "template": "test"},
+        EmailMessage,
         id="emails",
     ),
     pytest.param("/api/reports/", {"kind": "operations", "params": PERIOD}, Report, id="reports"),

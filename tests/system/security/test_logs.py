@@ -25,15 +25,18 @@ def test_a_refused_address_reaches_the_worker_log_masked_only(worker, unique):
     # when it dies on the worker
     wait_until(
         lambda: Job.objects.filter(id=handle.id, state=JobState.DEAD).exists(),
-        timeout=30, what=f"job {handle.id} to be dead",
+        timeout=30,
+        what=f"job {handle.id} to be dead",
     )
 
     # then its log lines show the address masked, never raw
     masked = mask_email(ADDRESS)
     lines = wait_until(
-        lambda: [line for line in worker.output().splitlines()
-                 if handle.id in line and masked in line],
-        timeout=10, what="the job's failure in the worker log",
+        lambda: [
+            line for line in worker.output().splitlines() if handle.id in line and masked in line
+        ],
+        timeout=10,
+        what="the job's failure in the worker log",
     )
     assert masked == "l***@example.com" and lines
     assert ADDRESS not in worker.output()

@@ -71,8 +71,12 @@ class PasswordRedis:
     def client(self, password: str | None) -> redis.Redis:
         # No retries: redis-py retries connection errors (a refused AUTH is one) with backoff.
         return redis.Redis(
-            host="127.0.0.1", port=self.port, password=password, socket_timeout=5,
-            socket_connect_timeout=2, retry=Retry(NoBackoff(), 0),
+            host="127.0.0.1",
+            port=self.port,
+            password=password,
+            socket_timeout=5,
+            socket_connect_timeout=2,
+            retry=Retry(NoBackoff(), 0),
         )
 
     def queued(self, queue: str) -> list[dict[str, Any]]:
@@ -89,12 +93,15 @@ def password_redis(tmp_path: Path) -> Iterator[PasswordRedis]:
     port = free_port()
     # The configuration goes in on stdin so that the password never shows in `ps`.
     config = (
-        f"bind 127.0.0.1\nport {port}\nrequirepass {password}\ndaemonize no\nsave \"\"\n"
+        f'bind 127.0.0.1\nport {port}\nrequirepass {password}\ndaemonize no\nsave ""\n'
         f"appendonly no\ndir {tmp_path}\nlogfile {tmp_path / 'redis.log'}\n"
     )
     process = subprocess.Popen(
-        ["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT, text=True,
+        ["redis-server", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     process.stdin.write(config)
     process.stdin.close()
@@ -123,7 +130,11 @@ def password_redis(tmp_path: Path) -> Iterator[PasswordRedis]:
 def run_django(code: str, env: dict[str, str], redis_url: str) -> tuple[str, str]:
     """Run `code` in a new Django process against `redis_url`; (last stdout line, all output)."""
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**env, "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": redis_url},
     )
     output = done.stdout + done.stderr
