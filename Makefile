@@ -13,7 +13,7 @@ help:
 	@echo "make test     start test Redis :6390 and PostgreSQL :54329, run pytest (PYTEST_ARGS=...), stop them"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"
-	@echo "make lint     linters (none yet)"
+	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
 	@echo "make stop     stop any Redis/PostgreSQL that these scripts left running under .data/"
 	@echo "make clean    stop them and delete .data/, staticfiles/ and caches"
 
@@ -30,8 +30,8 @@ test: venv
 bench: venv
 	@bash scripts/bench.sh
 
-lint:
-	@echo "lint: no linters configured yet"
+lint: venv
+	@bash scripts/lint.sh
 
 # The test services on their own, e.g. to run pytest by hand against them.
 services-up:
