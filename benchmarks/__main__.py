@@ -112,8 +112,9 @@ def main() -> int:
     )
     document = {"meta": meta, "cases": results}
     print(render_targets(results), flush=True)
+    verdict = "within" if total < BUDGET_SECONDS else "OVER"
     print(
-        f"\ntotal {total / 60:.1f} min ({'within' if total < BUDGET_SECONDS else 'OVER'} the 15-minute budget)"
+        f"\ntotal {total / 60:.1f} min ({verdict} the 15-minute budget)"
         f"; cores {meta['cores']}; results in {opts.out}",
         flush=True,
     )
@@ -164,7 +165,8 @@ def reset_services(env: dict[str, str]) -> None:
         "from benchmarks.jobs import bench_redis\n"
         "with connection.cursor() as c:\n"
         "    c.execute(\"select tablename from pg_tables where schemaname = 'public' and \"\n"
-        "              \"(tablename like 'jobs\\\\_%' or tablename like 'django\\\\_celery\\\\_results\\\\_%' \"\n"
+        "              \"(tablename like 'jobs\\\\_%' \"\n"
+        "              \"or tablename like 'django\\\\_celery\\\\_results\\\\_%' \"\n"
         "              \"or tablename like 'emails\\\\_%')\")\n"
         "    tables = [r[0] for r in c.fetchall()]\n"
         "    if tables:\n"
@@ -252,9 +254,10 @@ def server_version() -> str:
 
     try:
         with psycopg.connect(os.environ["DATABASE_URL"], connect_timeout=5) as conn:
-            return str(conn.execute("show server_version").fetchone()[0])
+            row = conn.execute("show server_version").fetchone()
     except psycopg.Error:
         return "?"
+    return str(row[0]) if row else "?"
 
 
 def redis_version() -> str:

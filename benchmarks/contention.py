@@ -55,13 +55,14 @@ class Contention:
         for pid in procs:
             line = _cmdline(pid)
             if (
-                (self.pg_port
+                self.pg_port
                 and line.startswith(b"/")
                 and b"postgres" in line
-                and f"-p {self.pg_port}".encode() in line)
-                or (self.redis_port
+                and f"-p {self.pg_port}".encode() in line
+            ) or (
+                self.redis_port
                 and line.startswith(b"redis-server")
-                and f":{self.redis_port}".encode() in line)
+                and f":{self.redis_port}".encode() in line
             ):
                 roots.append(pid)
         return roots

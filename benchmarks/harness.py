@@ -7,6 +7,7 @@ PID. Everything talks to the Redis and PostgreSQL that scripts/bench.sh started 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import statistics
@@ -144,10 +145,8 @@ def unregister(pid: int) -> None:
 
 def _kill_group(pid: int) -> None:
     """SIGKILL what is left of the process group led by `pid` (started with its own session)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def kill_registered() -> None:

@@ -29,7 +29,7 @@ def record(
     subprocesses: bool = False,
     idle: bool = True,
     rate: int = 250,
-) -> subprocess.Popen:
+) -> subprocess.Popen[bytes]:
     """Start py-spy recording `pid` as collapsed stacks into `out`; the caller waits on it."""
     command = [
         py_spy() or "py-spy",
@@ -98,7 +98,10 @@ def summarize(
         self_counts[names[-1]] += count
         for name in set(names):
             incl_counts[name] += count
-    pct = lambda n: round(n / total * 100, 1) if total else 0.0
+
+    def pct(n: int) -> float:
+        return round(n / total * 100, 1) if total else 0.0
+
     return {
         "samples": total,
         "processes": {k: pct(v) for k, v in per_process.most_common()},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -78,7 +79,7 @@ def render_targets(results: dict[str, Any]) -> str:
 
 
 def _table(
-    rows: list[tuple[str, ...]], indent: str = "", left: frozenset[int] = frozenset({0})
+    rows: Sequence[tuple[str, ...]], indent: str = "", left: frozenset[int] = frozenset({0})
 ) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     out = []

@@ -85,8 +85,9 @@ def drain_rounds(
             meter = CpuMeter(workers)
             seconds = timed_drain(workers, timeout)
             cpu[variant].append(meter.stop())
-            if opened is not None:
-                sessions[variant].append((pg_sessions() - opened) / count)
+            closed = pg_sessions()
+            if opened is not None and closed is not None:
+                sessions[variant].append((closed - opened) / count)
             rates[variant].append(count / seconds)
             done = _succeeded(task) - succeeded_before
             if getattr(task, "track", False) and done != count:
@@ -130,9 +131,10 @@ REUSE_SETTINGS = "benchmarks.settings_reuse"
 def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
     size = SIZES[f"drain_{db}"]
     count = size.count(full)
+    engine = "PostgreSQL" if db == "pg" else "SQLite"
     result = CaseResult(
         case=f"drain_{db}",
-        title=f"1. Drain throughput, one worker prefork -c 2, {'PostgreSQL' if db == 'pg' else 'SQLite'}",
+        title=f"1. Drain throughput, one worker prefork -c 2, {engine}",
         params={
             "jobs_per_drain": count,
             "issue_jobs_per_drain": size.issue,
@@ -165,7 +167,7 @@ def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
         for worker in every:
             worker.wait_ready()
         pause(every)
-        workers_for = {v: [reuse if v.endswith("_reuse") else shipped] for v in variants}
+        workers_for = {v: [reuse if reuse and v.endswith("_reuse") else shipped] for v in variants}
         # A short warm-up drain per variant: imports, connections, caches.
         drain_rounds(CaseResult("warmup", ""), workers_for, 100, 1, 60)
         rates = drain_rounds(result, workers_for, count, size.repeats, timeout=300)
@@ -226,6 +228,11 @@ def run_sqlite(*, full: bool = False) -> CaseResult:
 # --------------------------------------------------------------------------- layout
 
 
+def _expand_variable(match: re.Match[str]) -> str:
+    """${VAR:-default} (a match of VAR and default) -> the environment's value or the default."""
+    return os.environ.get(match[1], match[2] or "")
+
+
 def shipped_worker_lines() -> list[list[str]]:
     """The `celery ... worker` command lines of the Procfile (what `make run` starts),
     as worker arguments, with ${VAR:-default} expanded from the environment."""
@@ -234,9 +241,7 @@ def shipped_worker_lines() -> list[list[str]]:
         _, _, command = raw.partition(":")
         if not command.strip() or raw.lstrip().startswith("#"):
             continue
-        command = re.sub(
-            r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: os.environ.get(m[1], m[2] or ""), command
-        )
+        command = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", _expand_variable, command)
         argv = shlex.split(command)
         if "celery" not in argv[0] or "worker" not in argv:
             continue

@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from benchmarks import jobs as bench
 from benchmarks.harness import CaseResult, clock, empty_queues, queue_keys, queued, redis_client
 from benchmarks.sizes import SIZES
+from jobs.base import PlatformTask
 from jobs.services import job_enqueue_many
 
 # --------------------------------------------------------------------------- case 2
@@ -30,13 +31,13 @@ def run_enqueue(*, full: bool = False) -> CaseResult:
         params={"jobs_per_round": count, "rounds": size.repeats},
     )
     variants: dict[str, tuple[Callable[[int], object], str]] = {
-        "bare_delay": (lambda i: bench.bare_noop.delay(i), "bare Celery task.delay()"),
+        "bare_delay": (bench.bare_noop.delay, "bare Celery task.delay()"),
         "enqueue_ledger_off": (
-            lambda i: bench.noop_untracked.enqueue(i),
+            bench.noop_untracked.enqueue,
             "Backlot enqueue(), track=False",
         ),
         "enqueue_ledger_on": (
-            lambda i: bench.noop.enqueue(i),
+            bench.noop.enqueue,
             "Backlot enqueue(), ledger row + publish + published_at (outbox)",
         ),
     }
@@ -78,7 +79,7 @@ def _alternate(
 FANOUT_CHUNK = 1000  # emails.services.CHUNK: recipients per transaction in a campaign fan-out
 
 
-def fan_out(task: object, count: int) -> None:
+def fan_out(task: PlatformTask, count: int) -> None:
     """A campaign-style fan-out: per chunk of recipients one transaction, one
     job_enqueue_many (ledger rows, then the messages after commit)."""
     for start in range(0, count, FANOUT_CHUNK):

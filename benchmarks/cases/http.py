@@ -144,7 +144,8 @@ def run(*, full: bool = False) -> CaseResult:
             ).encode(),
             {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
             202,
-            "POST /api/emails/ (token auth, email row, template render, enqueue with idempotency key)",
+            "POST /api/emails/ "
+            "(token auth, email row, template render, enqueue with idempotency key)",
         ),
     }
     empty_queues()
@@ -194,6 +195,7 @@ def run(*, full: bool = False) -> CaseResult:
         api_over,
         "<= 2 ms",
         api_over <= 2,
-        detail="the project's real enqueue endpoint: also an email row, a template render, token auth",
+        detail="the project's real enqueue endpoint: "
+        "also an email row, a template render, token auth",
     )
     return result

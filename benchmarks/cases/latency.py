@@ -30,12 +30,12 @@ def run(*, full: bool = False) -> CaseResult:
     if count != size.issue:
         result.notes.append(f"scaled: {count} sequential jobs per variant instead of {size.issue}")
     variants = {
-        "bare": (lambda key: bench.bare_stamp.delay(key), "bare Celery delay()"),
+        "bare": (bench.bare_stamp.delay, "bare Celery delay()"),
         "ledger_off": (
-            lambda key: bench.untracked_stamp.enqueue(key),
+            bench.untracked_stamp.enqueue,
             "Backlot enqueue(), track=False",
         ),
-        "ledger_on": (lambda key: bench.tracked_stamp.enqueue(key), "Backlot enqueue(), ledger on"),
+        "ledger_on": (bench.tracked_stamp.enqueue, "Backlot enqueue(), ledger on"),
     }
     empty_queues()
     samples: dict[str, list[float]] = {name: [] for name in variants}

@@ -153,6 +153,7 @@ def run(*, full: bool = False) -> CaseResult:
     result.extra["keys_left_after_drain"] = sorted(keys)[:50]
     result.extra["ttl_of_keys_left"] = {k: redis_client().ttl(k) for k in sorted(keys)[:50]}
     result.notes.append(
-        "retention window: not waited for (days); 'left after draining' lists what would have to expire"
+        "retention window: not waited for (days); "
+        "'left after draining' lists what would have to expire"
     )
     return result

@@ -16,6 +16,7 @@ import io
 import os
 import pstats
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -41,7 +42,7 @@ FANOUT_JOBS = 20_000
 DRAIN_JOBS = 3_000
 
 
-def _stop(spy: object) -> str:
+def _stop(spy: subprocess.Popen[bytes]) -> str:
     spy.send_signal(signal.SIGINT)  # py-spy writes what it has on Ctrl-C
     _, err = spy.communicate(timeout=60)
     return (err or b"").decode(errors="replace")[-500:]

@@ -62,7 +62,8 @@ def run(*, full: bool = False) -> CaseResult:
     interval = settings.BACKLOT["PROGRESS_INTERVAL"]
     result = CaseResult(
         case="progress",
-        title=f"9. Progress: self.progress in a loop of {steps:,} steps vs the bare loop (PostgreSQL)",
+        title=f"9. Progress: self.progress in a loop of {steps:,} steps "
+        "vs the bare loop (PostgreSQL)",
         params={"steps": steps, "rounds": size.repeats, "progress_interval_s": interval},
     )
     if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
@@ -91,13 +92,11 @@ def run(*, full: bool = False) -> CaseResult:
                 popped = wait_stamp(key, 120)
                 if popped is None:
                     raise TimeoutError(f"{name}: the progress job did not finish")
-                wait_until(
-                    lambda job_id=handle.id: Job.objects.filter(
-                        id=job_id, state=JobState.SUCCEEDED
-                    ).exists(),
-                    30,
-                    what="the job to succeed",
-                )
+
+                def succeeded(job_id: str = handle.id) -> bool:
+                    return Job.objects.filter(id=job_id, state=JobState.SUCCEEDED).exists()
+
+                wait_until(succeeded, 30, what="the job to succeed")
                 connection.close()
                 after = settled_updates()
                 if round_no:
@@ -149,7 +148,7 @@ def run(*, full: bool = False) -> CaseResult:
             higher_is_better=False,
             what="writes / max(run time, 1 s)",
         )
-        worst = max(worst, max(per_second))
+        worst = max(worst, *per_second)
     result.figure(
         "slow loop run time",
         runs["slow_with_progress"],

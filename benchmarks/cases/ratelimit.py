@@ -38,7 +38,8 @@ def run(*, full: bool = False) -> CaseResult:
     jobs = int(seconds * rate)
     result = CaseResult(
         case="ratelimit",
-        title=f"7. Rate limiter: {bench.BENCH_RATE} cluster-wide, {PROCESSES} worker processes; acquire cost",
+        title=f"7. Rate limiter: {bench.BENCH_RATE} cluster-wide, "
+        f"{PROCESSES} worker processes; acquire cost",
         params={
             "limit_per_s": rate,
             "seconds_of_load": seconds,
@@ -68,8 +69,12 @@ def run(*, full: bool = False) -> CaseResult:
                     )
             connection.close()
             resume(group)
+
+            def all_stamped(key: str = key) -> bool:
+                return redis_client().llen(bench.STAMPS + key) >= jobs
+
             wait_until(
-                lambda key=key: redis_client().llen(bench.STAMPS + key) >= jobs,
+                all_stamped,
                 seconds * 3 + 60,
                 interval=0.2,
                 what="the rate-limited jobs",
