@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import File, Router, Schema, Status
 from ninja.decorators import decorate_view
@@ -12,6 +11,7 @@ from ninja.errors import HttpError
 from ninja.files import UploadedFile
 from pydantic import EmailStr, Field
 
+from config.api_types import AuthenticatedRequest
 from jobs.exceptions import InvalidPayload
 from jobs.uploads import upload_limited
 
@@ -57,7 +57,7 @@ def _bad_request(exc: Exception) -> HttpError:
 
 
 @router.post("/emails/", response={202: EmailAccepted}, url_name="email_create")
-def email_create(request: HttpRequest, payload: EmailIn) -> Status:
+def email_create(request: AuthenticatedRequest, payload: EmailIn) -> Status:
     """Queue one templated email (HTML + text); 400 names the bad field, nothing is queued."""
     try:
         message, handle = services.email_queue(
@@ -75,7 +75,7 @@ def email_create(request: HttpRequest, payload: EmailIn) -> Status:
 
 
 @router.get("/emails/{email_id}/", response=EmailOut, url_name="email_detail")
-def email_detail(request: HttpRequest, email_id: int) -> dict[str, Any]:
+def email_detail(request: AuthenticatedRequest, email_id: int) -> dict[str, Any]:
     message = get_object_or_404(EmailMessage.objects.visible_to(request.auth), pk=email_id)
     return {
         "email_id": message.pk,
@@ -132,7 +132,7 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
 @router.post(
     "/campaigns/", response={201: CampaignOut, 202: CampaignOut}, url_name="campaign_create"
 )
-def campaign_create(request: HttpRequest, payload: CampaignIn) -> Status:
+def campaign_create(request: AuthenticatedRequest, payload: CampaignIn) -> Status:
     """Create a campaign, optionally with recipients; `start: true` fans it out at once (202)."""
     try:
         campaign = services.campaign_create(
@@ -152,7 +152,7 @@ def campaign_create(request: HttpRequest, payload: CampaignIn) -> Status:
 
 
 @router.get("/campaigns/{campaign_id}/", response=CampaignOut, url_name="campaign_detail")
-def campaign_detail(request: HttpRequest, campaign_id: int) -> dict[str, Any]:
+def campaign_detail(request: AuthenticatedRequest, campaign_id: int) -> dict[str, Any]:
     """A campaign's progress: sent, failed and pending recipients."""
     return _campaign_out(
         get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
@@ -162,7 +162,7 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> dict[str, Any]:
 @router.post(
     "/campaigns/{campaign_id}/start", response={202: CampaignOut}, url_name="campaign_start"
 )
-def campaign_start(request: HttpRequest, campaign_id: int) -> Status:
+def campaign_start(request: AuthenticatedRequest, campaign_id: int) -> Status:
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
     try:
         services.campaign_start(campaign=campaign, owner=request.auth)
@@ -194,7 +194,7 @@ class ImportOut(Schema):
 )
 @decorate_view(upload_limited)
 def recipients_import(
-    request: HttpRequest, campaign_id: int, file: UploadedFile = File(...)
+    request: AuthenticatedRequest, campaign_id: int, file: File[UploadedFile]
 ) -> Status:
     """Upload a CSV (header: email, name, ...); it is imported in the background.
 
@@ -210,7 +210,9 @@ def recipients_import(
 @router.get(
     "/campaigns/{campaign_id}/imports/{import_id}/", response=ImportOut, url_name="import_detail"
 )
-def import_detail(request: HttpRequest, campaign_id: int, import_id: int) -> dict[str, Any]:
+def import_detail(
+    request: AuthenticatedRequest, campaign_id: int, import_id: int
+) -> dict[str, Any]:
     row = get_object_or_404(
         RecipientImport.objects.filter(campaign__in=Campaign.objects.visible_to(request.auth)),
         pk=import_id,

@@ -6,13 +6,14 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.http import HttpRequest
 from django.urls import reverse
-from ninja import File, Form, Router, Schema, Status
+from ninja import P, Router, Schema, Status
 from ninja.decorators import decorate_view
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
+from ninja.params import FileEx, FormEx
 
+from config.api_types import AuthenticatedRequest
 from jobs.uploads import upload_limited
 
 from . import services
@@ -120,12 +121,15 @@ def video_status(video: Video) -> dict[str, Any]:
 )
 @decorate_view(upload_limited)
 def video_create(
-    request: HttpRequest,
-    file: UploadedFile = File(..., description="The video (any container ffmpeg reads)."),
-    formats: list[str] | None = Form(
-        None,
-        description="360p, 720p and/or 1080p (repeat the field, or comma-separate); default all.",
-    ),
+    request: AuthenticatedRequest,
+    file: FileEx[UploadedFile, P(description="The video (any container ffmpeg reads).")],
+    formats: FormEx[
+        list[str] | None,
+        P(
+            description="360p, 720p and/or 1080p (repeat the field, or comma-separate); "
+            "default all."
+        ),
+    ] = None,
 ) -> Status[dict[str, Any]]:
     """Upload a video and transcode it to the chosen formats in the background.
 
@@ -150,14 +154,14 @@ def video_create(
 
 
 @router.get("/", response=list[VideoOut], url_name="video_list")
-def video_list(request: HttpRequest) -> list[dict[str, Any]]:
+def video_list(request: AuthenticatedRequest) -> list[dict[str, Any]]:
     """Your videos, newest first (the latest 100)."""
     videos = Video.objects.owned_by(request.auth).prefetch_related("renditions")[:LIST_LIMIT]
     return [video_status(video) for video in videos]
 
 
 @router.get("/{video_id}/", response=VideoOut, url_name="video_status")
-def video_detail(request: HttpRequest, video_id: str) -> dict[str, Any]:
+def video_detail(request: AuthenticatedRequest, video_id: str) -> dict[str, Any]:
     """A video's state, overall and per-format progress, and renditions; others' videos are 404."""
     try:
         key = uuid.UUID(video_id)

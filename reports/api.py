@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.http import FileResponse, HttpRequest
+from django.http import FileResponse
 from ninja import Router, Status
 from ninja.errors import HttpError
+
+from config.api_types import AuthenticatedRequest
 
 from . import services
 from .exceptions import ReportInputError, ReportNotReady
@@ -47,7 +49,7 @@ _REQUEST_BODY = {
 }
 
 
-def _visible_report(request: HttpRequest, report_id: int) -> Report:
+def _visible_report(request: AuthenticatedRequest, report_id: int) -> Report:
     report = Report.objects.visible_to(request.auth).filter(pk=report_id).first()
     if report is None:
         raise HttpError(404, "No such report")
@@ -61,7 +63,7 @@ def _visible_report(request: HttpRequest, report_id: int) -> Report:
     openapi_extra=_REQUEST_BODY,
     summary="Request a PDF report",
 )
-def report_create(request: HttpRequest) -> Status[dict[str, Any]]:
+def report_create(request: AuthenticatedRequest) -> Status[dict[str, Any]]:
     """Accept a report request: 202 with the report and job ids, or 400 naming each bad field.
 
     Body: {"kind": "operations" | "sales", "params": {"start", "end", "timezone"?},
@@ -97,7 +99,7 @@ def report_create(request: HttpRequest) -> Status[dict[str, Any]]:
 
 
 @router.get("/{int:report_id}/", response=ReportOut, url_name="report_status")
-def report_detail(request: HttpRequest, report_id: int) -> dict[str, Any]:
+def report_detail(request: AuthenticatedRequest, report_id: int) -> dict[str, Any]:
     """A report's state, progress and error; download_url once the PDF is ready.
 
     Other users' reports are 404 (staff see all).
@@ -113,7 +115,7 @@ def report_detail(request: HttpRequest, report_id: int) -> dict[str, Any]:
         "responses": {"200": {"description": "The PDF", "content": {"application/pdf": {}}}}
     },
 )
-def report_download(request: HttpRequest, report_id: int) -> Any:
+def report_download(request: AuthenticatedRequest, report_id: int) -> Any:
     """The PDF as an attachment (owner or staff only; others get 404); 409 until it is ready."""
     report = _visible_report(request, report_id)
     try:
