@@ -7,4 +7,4 @@ it behind the same login as every other Flower page.
 from flower.views.monitor import Metrics
 from tornado import web
 
-Metrics.get = web.authenticated(Metrics.get)  # type: ignore[method-assign]
+Metrics.get = web.authenticated(Metrics.get)

@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from typing import TypedDict
 
 import dj_database_url
 from celery.schedules import crontab
@@ -178,7 +179,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "priority_steps": list(range(10)),
     "sep": ":",
     # An unacknowledged message is redelivered after this many seconds; it must outlast the
-    # longest countdown Redis may hold (jobs.E002 checks the longest countdown Redis may hold against it).
+    # longest countdown Redis may hold (the system check jobs.E002 compares them).
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "7200")),
     # Bounded waits so an enqueue against a dead or frozen Redis fails fast into the ledger.
     "socket_timeout": 2,
@@ -235,7 +236,29 @@ CELERY_BEAT_SCHEDULER = "jobs.beat:LeaderDatabaseScheduler"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Backlot -----------------------------------------------------------------------------
-BACKLOT = {
+
+
+class BacklotSettings(TypedDict):
+    """The keys of BACKLOT and their types (mypy reads settings through django-stubs)."""
+
+    MAX_PAYLOAD_BYTES: int
+    IDEMPOTENCY_TTL: int
+    PROGRESS_INTERVAL: float
+    MAX_BROKER_COUNTDOWN: int
+    MAX_WORKER_CRASHES: int
+    RATE_LIMIT_MAX_RESERVE: float
+    HEALTH_MAX_QUEUE_DEPTH: int
+    HEALTH_MAX_WAIT_SECONDS: float
+    METRICS_TOKEN: str
+    JOB_RETENTION_DAYS: int
+    DEAD_LETTER_RETENTION_DAYS: int
+    EFFECT_RETENTION_DAYS: int
+    ALERT_INTERVAL: int
+    LEASE_SECONDS: float
+    BEAT_LOCK_TTL: int
+
+
+BACKLOT: BacklotSettings = {
     # Serialized args + kwargs above this many bytes are refused at enqueue.
     "MAX_PAYLOAD_BYTES": int(os.environ.get("BACKLOT_MAX_PAYLOAD_BYTES", str(64 * 1024))),
     # A succeeded job keeps its idempotency key this long: a repeat enqueue is a no-op.
