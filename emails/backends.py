@@ -28,6 +28,8 @@ class TrackedSMTPBackend(EmailBackend):
         recipients = [sanitize_address(addr, encoding) for addr in email_message.recipients()]
         body = email_message.message().as_bytes(linesep="\r\n")
         conn = self.connection
+        if conn is None:  # send_messages() opens the connection before it calls _send()
+            raise smtplib.SMTPServerDisconnected("please run connect() first")
         conn.ehlo_or_helo_if_needed()
         options = [f"size={len(body)}"] if conn.does_esmtp and conn.has_extn("size") else []
         code, reply = conn.mail(from_email, options)

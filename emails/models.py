@@ -161,7 +161,7 @@ class Campaign(models.Model):
 
 
 class CampaignRecipient(models.Model):
-    """A recipient of a campaign; unique per campaign, so a re-import or re-run adds no one twice."""
+    """A recipient of a campaign, unique per campaign: a re-import or re-run adds no one twice."""
 
     campaign = models.ForeignKey(
         Campaign,

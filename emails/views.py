@@ -74,7 +74,10 @@ def campaign_create(request: HttpRequest) -> HttpResponse:
         messages.error(
             request,
             "Fix the campaign form: "
-            + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
+            + "; ".join(
+                f"{field}: {' '.join(str(error) for error in errors)}"
+                for field, errors in form.errors.items()
+            ),
         )
         return redirect("emails:index")
     campaign = services.campaign_create(

@@ -16,6 +16,7 @@ from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
+    HttpResponseBase,
     StreamingHttpResponse,
 )
 from django.shortcuts import get_object_or_404, redirect, render
@@ -112,7 +113,7 @@ def video_detail(request: HttpRequest, video_id: uuid.UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def rendition_download(request: HttpRequest, video_id: uuid.UUID, format: str) -> HttpResponse:
+def rendition_download(request: HttpRequest, video_id: uuid.UUID, format: str) -> HttpResponseBase:
     """A written rendition, for its owner or staff; byte ranges let a player seek.
 
     Served by Django rather than from a public MEDIA_URL, so the owner check holds. Add
@@ -136,11 +137,11 @@ def rendition_download(request: HttpRequest, video_id: uuid.UUID, format: str) -
 
 def _file_response(
     request: HttpRequest, path: Path, filename: str, *, as_attachment: bool
-) -> HttpResponse:
+) -> HttpResponseBase:
     size = path.stat().st_size
     wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", request.headers.get("Range", "").strip())
     if wanted is None or wanted.groups() == ("", ""):
-        response: HttpResponse = FileResponse(
+        response: HttpResponseBase = FileResponse(
             path.open("rb"),
             as_attachment=as_attachment,
             filename=filename,
@@ -164,7 +165,9 @@ def _file_response(
     response["Content-Range"] = f"bytes {start}-{end}/{size}"
     response["Content-Length"] = str(length)
     response["Accept-Ranges"] = "bytes"
-    response["Content-Disposition"] = content_disposition_header(as_attachment, filename)
+    disposition = content_disposition_header(as_attachment, filename)
+    if disposition:  # always, given a filename
+        response["Content-Disposition"] = disposition
     return response
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import admin
 from django.db.models import DecimalField, ExpressionWrapper, F, QuerySet, Sum
@@ -14,6 +15,13 @@ from django.utils.html import format_html
 from jobs.masking import mask_value
 
 from .models import Order, OrderLine, Product, Report
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+
+class _OrderTotal(TypedDict):
+    order_total: Decimal | None
 
 
 @admin.register(Report)
@@ -124,5 +132,5 @@ class OrderAdmin(admin.ModelAdmin):
         return super().get_queryset(request).annotate(order_total=Sum(amount))
 
     @admin.display(description="total (USD)", ordering="order_total")
-    def total(self, obj: Order) -> Any:
+    def total(self, obj: WithAnnotations[Order, _OrderTotal]) -> Any:
         return obj.order_total

@@ -62,12 +62,12 @@ def buckets(start: date, end: date, size: str, zone: ZoneInfo | None = None) -> 
         if zone is None:
             raise ValueError("hourly buckets need the period's time zone")
         # Step in UTC: a day has 23 or 25 hours when the clocks change.
-        current = datetime.combine(start, time.min, zone).astimezone(UTC)
+        hour = datetime.combine(start, time.min, zone).astimezone(UTC)
         stop = datetime.combine(end + timedelta(days=1), time.min, zone)
         hours: list[Bucket] = []
-        while current < stop:
-            hours.append(current.astimezone(zone))
-            current += timedelta(hours=1)
+        while hour < stop:
+            hours.append(hour.astimezone(zone))
+            hour += timedelta(hours=1)
         return hours
     out: list[Bucket] = []
     current = bucket_start(start, size)
@@ -181,7 +181,7 @@ def stacked_bars(
 
 
 def _nice_ceiling(value: float) -> float:
-    """The smallest 1, 2, 2.5 or 5 × 10^n at or above `value` (1 for an empty chart)."""
+    """The smallest 1, 2, 2.5 or 5 * 10^n at or above `value` (1 for an empty chart)."""
     if value <= 0:
         return 1.0
     magnitude = 10 ** (len(str(int(value))) - 1) if value >= 1 else 1.0

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from decimal import ROUND_HALF_UP, Decimal
+from typing import TypeVar
 
 from django.db import transaction
 from django.utils import timezone
@@ -22,6 +23,8 @@ DEFAULT_DAYS = 365
 STALE_AFTER = timedelta(days=7)
 ORDER_PREFIX = "SO-"
 BATCH = 1000
+
+Choice = TypeVar("Choice")
 
 CATALOGUE: dict[str, list[tuple[str, str]]] = {
     "Audio": [
@@ -181,7 +184,7 @@ def _lines(
     rng: random.Random, products: list[Product], popularity: list[float]
 ) -> list[tuple[int, int, Decimal]]:
     count = rng.choices((1, 2, 3, 4), weights=(50, 30, 14, 6))[0]
-    chosen = set()
+    chosen: set[int] = set()
     while len(chosen) < count:
         chosen.add(rng.choices(range(len(products)), weights=popularity)[0])
     plan = []
@@ -193,5 +196,5 @@ def _lines(
     return plan
 
 
-def _weighted(rng: random.Random, weights: dict[str, int]) -> str:
+def _weighted(rng: random.Random, weights: dict[Choice, int]) -> Choice:
     return rng.choices(list(weights), weights=list(weights.values()))[0]

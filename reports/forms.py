@@ -32,7 +32,8 @@ class ReportRequestForm(forms.Form):
         return {"kind": ReportKind.OPERATIONS, "start": today - timedelta(days=29), "end": today}
 
     def clean(self) -> dict[str, Any]:
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data
         if self.errors:
             return data
         try:

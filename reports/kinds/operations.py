@@ -34,14 +34,14 @@ MAX_TASK_ROWS = 40
 LATEST_DEAD_LETTERS = 10
 FRACTIONS = (0.5, 0.95)
 
-_OUTCOMES = dict(
-    jobs=Count("id"),
-    succeeded=Count("id", filter=Q(state=JobState.SUCCEEDED)),
-    dead=Count("id", filter=Q(state=JobState.DEAD)),
-    retried=Count("id", filter=Q(attempts__gt=1)),
-    retries=Coalesce(Sum(F("attempts") - 1, filter=Q(attempts__gt=1)), 0),
-    crashes=Coalesce(Sum("crashes"), 0),
-)
+_OUTCOMES = {
+    "jobs": Count("id"),
+    "succeeded": Count("id", filter=Q(state=JobState.SUCCEEDED)),
+    "dead": Count("id", filter=Q(state=JobState.DEAD)),
+    "retried": Count("id", filter=Q(attempts__gt=1)),
+    "retries": Coalesce(Sum(F("attempts") - 1, filter=Q(attempts__gt=1)), 0),
+    "crashes": Coalesce(Sum("crashes"), 0),
+}
 
 
 def finished_jobs(params: OperationsParams) -> QuerySet[Job]:

@@ -23,7 +23,7 @@ _AMOUNT = ExpressionWrapper(
 )
 _PAID = Q(order__status=OrderStatus.PAID)
 _REFUNDED = Q(order__status=OrderStatus.REFUNDED)
-_MONEY = DecimalField(max_digits=14, decimal_places=2)
+_MONEY: DecimalField[Decimal, Decimal] = DecimalField(max_digits=14, decimal_places=2)
 
 
 def lines_in(params: PeriodParams) -> QuerySet[OrderLine]:
