@@ -1,5 +1,5 @@
-# Production image for every Backlot process (web, worker, beat, flower); the command
-# picks the role (see docker-compose.yml / Procfile).
+# Production image for every Backlot process (web, a worker per queue, beat, relay, flower);
+# the command picks the role (see docker-compose.yml / Procfile).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

@@ -6,14 +6,15 @@ SHELL := /bin/bash
 PYTEST_ARGS ?=
 export PYTEST_ARGS
 
-.PHONY: help venv run test bench lint services-up services-down stop clean
+.PHONY: help venv run test bench lint docs services-up services-down stop clean
 
 help:
-	@echo "make run      start Redis, migrate, then web :8000, worker, beat and flower :5555 (Ctrl-C stops all)"
+	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     start test Redis :6390 and PostgreSQL :54329, run pytest (PYTEST_ARGS=...), stop them"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
+	@echo "make docs     regenerate docs/api.md from the API's OpenAPI schema (a test fails when it is stale)"
 	@echo "make stop     stop any Redis/PostgreSQL that these scripts left running under .data/"
 	@echo "make clean    stop them and delete .data/, staticfiles/ and caches"
 
@@ -32,6 +33,9 @@ bench: venv
 
 lint: venv
 	@bash scripts/lint.sh
+
+docs: venv
+	@.venv/bin/python manage.py api_docs
 
 # The test services on their own, e.g. to run pytest by hand against them.
 services-up:

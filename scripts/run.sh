@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: Redis (started here if none answers at REDIS_URL), migrations, static
-# files, a dev superuser, then web + worker + beat + flower under honcho.
+# files, a dev superuser, then the Procfile (web, a worker per queue, beat, relay, flower)
+# under honcho.
 # Ctrl-C (or SIGTERM to this script) stops everything it started, Redis included.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,7 +11,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 load_dotenv .env
 export PATH="$PWD/.venv/bin:$PATH"
 export DEBUG="${DEBUG:-1}"
-export FLOWER_BASIC_AUTH="${FLOWER_BASIC_AUTH:-admin:admin}"
+# Laptop-sized workers (the Procfile's defaults are production sizes): 6 pool processes in
+# all, enough to see every queue move on 2 cores. .env or the environment can raise them.
+export WORKER_DEFAULT_CONCURRENCY="${WORKER_DEFAULT_CONCURRENCY:-2}"
+export WORKER_EMAILS_CONCURRENCY="${WORKER_EMAILS_CONCURRENCY:-2}"
+export WORKER_REPORTS_CONCURRENCY="${WORKER_REPORTS_CONCURRENCY:-1}"
+export WORKER_MEDIA_CONCURRENCY="${WORKER_MEDIA_CONCURRENCY:-1}"
+export FLOWER_PORT="${FLOWER_PORT:-5555}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 # honcho hands PORT to the first Procfile entry (web); the others get PORT+100, +200...
 export PORT="${PORT:-8000}"
@@ -37,6 +44,18 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 mkdir -p .data
+# Flower's login: FLOWER_BASIC_AUTH if set, else a random password generated once into
+# .data/flower-auth (mode 600) and printed when it is made; never a shared default.
+FLOWER_AUTH_FILE=.data/flower-auth
+if [[ -z ${FLOWER_BASIC_AUTH:-} ]]; then
+    if [[ ! -s $FLOWER_AUTH_FILE ]]; then
+        (umask 077 && printf 'admin:%s\n' "$(.venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(18))')" >"$FLOWER_AUTH_FILE")
+        log "flower login generated: $(<"$FLOWER_AUTH_FILE")  (kept in $FLOWER_AUTH_FILE)"
+    fi
+    FLOWER_BASIC_AUTH=$(<"$FLOWER_AUTH_FILE")
+    export FLOWER_BASIC_AUTH
+fi
+
 if bash scripts/services.sh redis-status "$REDIS_DATA" >/dev/null 2>&1; then
     was_running=1
 else
@@ -53,7 +72,11 @@ fi
 .venv/bin/python manage.py ensure_superuser
 
 log "web http://127.0.0.1:$PORT/  (admin /admin/, API /api/, /health/, /metrics)"
-log "flower http://127.0.0.1:5555/  (basic auth from FLOWER_BASIC_AUTH)"
+if [[ -s $FLOWER_AUTH_FILE && $FLOWER_BASIC_AUTH == "$(<"$FLOWER_AUTH_FILE")" ]]; then
+    log "flower http://127.0.0.1:$FLOWER_PORT/  (login in $FLOWER_AUTH_FILE)"
+else
+    log "flower http://127.0.0.1:$FLOWER_PORT/  (login from FLOWER_BASIC_AUTH)"
+fi
 # In the background so that this script sees signals at once and can forward them;
 # honcho installs its own SIGINT/SIGTERM handlers and stops all its processes.
 .venv/bin/honcho start -f Procfile &
