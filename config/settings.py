@@ -210,7 +210,13 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 CELERY_TASK_SEND_SENT_EVENT = True
 # The job ledger records start and finish: the result backend keeps only results.
 CELERY_TASK_TRACK_STARTED = False
-CELERY_RESULT_BACKEND = "django-db"
+# Workers keep their database connections between jobs: Celery's Django fixup would otherwise
+# close them around every task (whatever CONN_MAX_AGE says), and connecting was a quarter of a
+# short job's cost. jobs.signals closes, before each job, connections that are broken or older
+# than CONN_MAX_AGE, as Django does around a request.
+CELERY_DB_REUSE_MAX = 1_000_000
+# django-celery-results; tracked jobs keep their return value in the ledger row (jobs.results).
+CELERY_RESULT_BACKEND = "jobs.results:LedgerResultBackend"
 CELERY_RESULT_EXTENDED = False
 CELERY_RESULT_EXPIRES = int(os.environ.get("CELERY_RESULT_EXPIRES", str(7 * 24 * 3600)))
 CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "1800"))
@@ -323,3 +329,17 @@ LOGOUT_REDIRECT_URL = "/"
 BACKLOT_MAX_UPLOAD_BYTES = int(os.environ.get("BACKLOT_MAX_UPLOAD_BYTES", str(500 * 1024 * 1024)))
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024  # larger uploads stream to a temp file
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
+
+# --- Standard Tasks API (django.tasks; django-tasks backport on Django 5.2) ------------------
+# Code written against Django's Tasks API (@task, .enqueue(), TaskResult) runs on Backlot's
+# workers with the platform's ledger, retry policy and dead letters; see docs/tasks-api.md.
+# https://docs.djangoproject.com/en/6.0/topics/tasks/
+# django_tasks as an app adds its system checks (a bad TASKS fails `manage.py check`).
+INSTALLED_APPS += ["django_tasks"]
+TASKS = {
+    "default": {
+        "BACKEND": "jobs.backends.CeleryBackend",
+        # Queues standard tasks may name; each must be one Backlot declares (jobs.tasks.E001).
+        "QUEUES": list(BACKLOT_QUEUES),
+    }
+}

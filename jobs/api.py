@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest
-from django_celery_results.models import TaskResult
 from ninja import Router, Schema
 from ninja.errors import HttpError
 
@@ -45,14 +43,7 @@ class JobOut(Schema):
 
 def job_status(job: Job) -> dict[str, Any]:
     """The status document of a job, as the API returns it."""
-    result = None
-    if job.state == JobState.SUCCEEDED:
-        stored = (
-            TaskResult.objects.filter(task_id=str(job.id), status="SUCCESS")
-            .values_list("result", flat=True)
-            .first()
-        )
-        result = json.loads(stored) if stored else None
+    result = job.result if job.state == JobState.SUCCEEDED else None
     return {
         "job_id": str(job.id),
         "task": job.task_name,

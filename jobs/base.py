@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from . import services, telemetry
 from .exceptions import BrokerUnavailable
-from .lease import LeaseKeeper
+from .lease import renewer
 from .models import Job
 from .policies import DEFAULT_POLICY, Permanent, Retryable, RetryPolicy, TimeLimitHit
 from .progress import ProgressThrottle
@@ -202,20 +202,15 @@ class PlatformTask(Task):
         attempt = claim.attempt if claim else (request.retries or 0) + 1
         failures = claim.failures if claim else []
         self._event("started", attempt)
-        keeper = (
-            LeaseKeeper(
-                job_id=request.id, attempt=attempt, lease_seconds=self.lease_seconds()
-            ).start()
-            if claim
-            else None
-        )
+        if claim:
+            renewer.hold(job_id=request.id, attempt=attempt, lease_seconds=self.lease_seconds())
         started = time.monotonic()
         try:
             result = self.run(*args, **kwargs)
         except Retry:
             raise
         except Ignore:  # the job decided it has nothing (more) to do
-            self._finished(attempt, started)
+            self._finished(attempt, started, None)
             raise
         except Reject as exc:
             if exc.requeue and self.track:
@@ -241,18 +236,20 @@ class PlatformTask(Task):
             )
             raise  # gave up: Celery records the failure and acknowledges after the dead letter
         finally:
-            if keeper is not None:
-                keeper.stop()
+            if claim:
+                renewer.release(request.id)
             throttle = getattr(request, "_backlot_progress", None)
             if throttle is not None:
                 throttle.close()
-        self._finished(attempt, started)
+        self._finished(attempt, started, result)
         return result
 
-    def _finished(self, attempt: int, started: float) -> None:
+    def _finished(self, attempt: int, started: float, result: Any) -> None:
         duration = time.monotonic() - started
         if self.track:
-            services.job_succeeded(job_id=self.request.id, attempt=attempt, run_seconds=duration)
+            services.job_succeeded(
+                job_id=self.request.id, attempt=attempt, run_seconds=duration, result=result
+            )
         self._event("succeeded", attempt, duration)
 
     def _event(self, event: str, attempt: int, duration: float | None = None) -> None:

@@ -36,7 +36,8 @@ def job(
     rate_limit holds across every worker on every host; with rate_key (a kwarg name or a
     callable of (args, kwargs)) each key gets its own bucket, and rate_limit may map keys to
     rates ({"free": "5/s", "pro": "50/s", "*": "10/s"}). priority is 0 (lowest) to 9 (highest).
-    track=False skips the ledger for high-volume trivial work (no status, no idempotency keys).
+    track=False skips the ledger for high-volume trivial work (no status, no idempotency keys,
+    and no stored result unless ignore_result=False is passed).
     on_dead(exc, args, kwargs) runs once the job gave up (after its dead letter is written),
     e.g. to mark the domain row failed.
     """
@@ -51,6 +52,9 @@ def job(
     for rate in rate_limit.values() if isinstance(rate_limit, Mapping) else [rate_limit]:
         if rate is not None:
             parse_rate(rate)
+
+    if not track:
+        celery_options.setdefault("ignore_result", True)
 
     def decorate(func: Callable[..., Any]) -> PlatformTask:
         return shared_task(  # type: ignore[no-any-return]

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -19,7 +20,7 @@ class JobState(models.TextChoices):
     SCHEDULED = "scheduled", "Scheduled"  # waits for `scheduled_for` (delay, eta or rate limit)
     RUNNING = "running", "Running"  # claimed by a worker under a lease
     RETRYING = "retrying", "Retrying"  # failed an attempt; the next one is scheduled
-    SUCCEEDED = "succeeded", "Succeeded"  # finished; its result is in the result backend
+    SUCCEEDED = "succeeded", "Succeeded"  # finished; its return value is in `result`
     DEAD = "dead", "Dead"  # gave up; a DeadLetter row holds what is needed to replay it
 
 
@@ -156,6 +157,15 @@ class Job(models.Model):
     )
     run_seconds = models.FloatField(
         "run time (s)", null=True, blank=True, help_text="Duration of the last run."
+    )
+    # The ledger is the job's result store: written by the same UPDATE that finishes the run,
+    # so a tracked job costs no extra result-backend row (jobs.results reads it for AsyncResult).
+    result = models.JSONField(
+        "result",
+        null=True,
+        blank=True,
+        encoder=DjangoJSONEncoder,
+        help_text="Return value of the successful run (JSON).",
     )
     publish_options = models.JSONField(
         "publish options",

@@ -25,6 +25,18 @@ logger = logging.getLogger(__name__)
 
 
 class PlatformRequest(Request):
+    def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(message, *args, **kwargs)
+        # A tracked job's return value goes into its ledger row (one UPDATE at finish), so the
+        # result backend is skipped, unless a chord or group reads its members' results there.
+        if (
+            getattr(self._task, "track", False)
+            and not self._request_dict.get("chord")
+            and not self._request_dict.get("group")
+        ):
+            self._request_dict["ignore_result"] = True
+            self._ignore_result = True
+
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:

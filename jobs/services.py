@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.urls import reverse
@@ -517,8 +518,14 @@ def job_renew_lease(*, job_id: str, attempt: int, lease_seconds: float) -> bool:
     )
 
 
-def job_succeeded(*, job_id: str, attempt: int, run_seconds: float) -> bool:
-    """Finish the run that holds the claim (`attempt`); a run that lost its claim changes nothing."""
+def job_succeeded(*, job_id: str, attempt: int, run_seconds: float, result: Any = None) -> bool:
+    """Finish the run that holds the claim (`attempt`) and store its return value, in one
+    UPDATE; a run that lost its claim changes nothing."""
+    try:
+        json.dumps(result, cls=DjangoJSONEncoder)
+    except (TypeError, ValueError):
+        logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
+        result = None
     return bool(
         Job.objects.filter(id=job_id, state=JobState.RUNNING, attempts=attempt).update(
             state=JobState.SUCCEEDED,
@@ -526,6 +533,7 @@ def job_succeeded(*, job_id: str, attempt: int, run_seconds: float) -> bool:
             lease_expires_at=None,
             run_seconds=run_seconds,
             error="",
+            result=result,
         )
     )
 
