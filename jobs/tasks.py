@@ -6,6 +6,7 @@ from celery import shared_task
 from django.contrib.auth import get_user_model
 
 from . import services
+from .backends import standard_task  # noqa: F401  (registers the Tasks API runner)
 from .decorators import job
 from .models import DeadLetter
 from .policies import RetryPolicy
