@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, OuterRef, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
+from .bulk import BULK_BATCH, job_enqueue_many
 from .exceptions import BrokerUnavailable, ReplayError, UnknownTask
 from .masking import message_repr
 from .models import (
@@ -172,87 +173,6 @@ def job_enqueue(
             on_commit, lambda: job_publish(job=job, task=task, options=publish_options)
         )
     return JobHandle(id=str(job.id), task_name=task.name)
-
-
-def job_enqueue_many(
-    *,
-    task: PlatformTask,
-    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
-    priority: int | None = None,
-    owner: Any = None,
-    on_commit: bool = True,
-    replay_of: Sequence[int] | None = None,
-) -> list[str]:
-    """Accept many jobs of one task at once: one INSERT for the ledger rows, one broker
-    connection for the messages, one UPDATE marking them published. Returns the job ids.
-
-    For fan-outs (a campaign's recipients); no idempotency keys here: the caller records
-    which items it enqueued in the same transaction.
-    """
-    priority = _check_priority(task.default_priority if priority is None else priority)
-    max_bytes = settings.BACKLOT["MAX_PAYLOAD_BYTES"]
-    now = timezone.now()
-    jobs = []
-    links = list(replay_of) if replay_of is not None else [None] * len(calls)
-    for (args, kwargs), link in zip(calls, links, strict=True):
-        args, kwargs = list(args), dict(kwargs)
-        payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
-        jobs.append(
-            Job(
-                task_name=task.name,
-                args=args,
-                kwargs=kwargs,
-                queue=task.queue_name,
-                priority=priority,
-                owner=owner if getattr(owner, "pk", None) else None,
-                max_attempts=task.policy.max_attempts,
-                enqueued_at=now,
-                replay_of_id=link,
-            )
-        )
-    if task.track:
-        Job.objects.bulk_create(jobs, batch_size=BULK_BATCH)
-    _on_commit_or_now(on_commit, lambda: _publish_many(task=task, jobs=jobs))
-    return [str(job.id) for job in jobs]
-
-
-# Rows per INSERT/UPDATE in bulk paths: 1,000 keeps one statement's parameters well under
-# PostgreSQL's 65,535 limit (Job has 28 columns) and SQLite's 32,766.
-BULK_BATCH = 1000
-
-
-def _publish_many(*, task: PlatformTask, jobs: list[Job]) -> None:
-    published = []
-    try:
-        # One connection, and kombu's publish batch: the Redis transport pipelines the pushes
-        # (one round trip per BULK_BATCH messages instead of two per message).
-        with task.app.producer_or_acquire() as producer, producer.batch(max_size=BULK_BATCH):
-            for job in jobs:
-                task.apply_async(
-                    job.args,
-                    job.kwargs,
-                    task_id=str(job.id),
-                    queue=job.queue,
-                    priority=broker_priority(job.priority),
-                    producer=producer,
-                    argsrepr=message_repr(job.args),
-                    kwargsrepr=message_repr(job.kwargs),
-                    _backlot_internal=True,
-                )
-                published.append(job.id)
-    except (KombuError, RedisError, OSError) as exc:
-        logger.warning(
-            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
-            len(published),
-            len(jobs),
-            exc,
-        )
-    if task.track:
-        now = timezone.now()
-        for start in range(0, len(published), BULK_BATCH):
-            Job.objects.filter(id__in=published[start : start + BULK_BATCH]).update(
-                published_at=now
-            )
 
 
 def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -756,8 +676,7 @@ def dead_letter_replay_many(
             groups: dict[tuple[str, int], list[DeadLetter]] = {}
             for row in rows:
                 groups.setdefault((row.task_name, row.priority), []).append(row)
-            now = timezone.now()
-            replayed = []
+            replayed: list[int] = []
             for (task_name, priority), group in groups.items():
                 try:
                     task = task_by_name(task_name)
@@ -765,21 +684,23 @@ def dead_letter_replay_many(
                     outcome.errors.append(str(exc))
                     outcome.skipped += len(group)
                     continue
-                job_ids = job_enqueue_many(
+                job_enqueue_many(
                     task=task,
                     calls=[(row.args, row.kwargs) for row in group],
                     priority=priority,
                     replay_of=[row.pk for row in group],
                 )
-                for row, job_id in zip(group, job_ids, strict=True):
-                    row.status = DeadLetterStatus.REPLAYED
-                    row.replayed_job_id = uuid.UUID(job_id) if task.track else None
-                    row.resolved_at, row.resolved_by = now, user
-                    replayed.append(row)
-            DeadLetter.objects.bulk_update(
-                replayed,
-                ["status", "replayed_job", "resolved_at", "resolved_by"],
-                batch_size=BULK_BATCH,
+                replayed += [row.pk for row in group]
+            # One UPDATE for the chunk; each row's new job is found through Job.replay_of.
+            DeadLetter.objects.filter(pk__in=replayed).update(
+                status=DeadLetterStatus.REPLAYED,
+                replayed_job_id=Subquery(
+                    Job.objects.filter(replay_of_id=OuterRef("pk"))
+                    .order_by("-enqueued_at")
+                    .values("id")[:1]
+                ),
+                resolved_at=timezone.now(),
+                resolved_by=user,
             )
             outcome.done += len(replayed)
         if progress:
