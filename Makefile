@@ -6,11 +6,12 @@ SHELL := /bin/bash
 PYTEST_ARGS ?=
 export PYTEST_ARGS
 
-.PHONY: help venv run test bench lint docs services-up services-down stop clean
+.PHONY: help venv run test test-scale bench lint docs services-up services-down stop clean
 
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     start test Redis :6390 and PostgreSQL :54329, run pytest (PYTEST_ARGS=...), stop them"
+	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
@@ -26,6 +27,10 @@ run: venv
 
 test: venv
 	@bash scripts/test.sh
+
+# Workers on two hosts (Linux network namespaces) on one Redis; see docs/scaling.md.
+test-scale: venv
+	@bash scripts/scale.sh
 
 # Extra arguments for the suite, e.g. make bench BENCH_ARGS="--cases drain_pg,latency"
 bench: venv
