@@ -4,6 +4,6 @@ Only the gunicorn process of the HTTP case uses it (DJANGO_SETTINGS_MODULE); eve
 runs on config.settings unchanged.
 """
 
-from config.settings import *  # noqa: F403 -- a settings overlay takes every project setting
+from config.settings import *  # noqa: F403 (a settings overlay: every project setting)
 
 ROOT_URLCONF = "benchmarks.urls"

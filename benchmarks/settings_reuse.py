@@ -6,7 +6,7 @@ on these settings to measure django-celery-results (and the ledger) with reused 
 the baseline issue 6 names.
 """
 
-from config.settings import *  # noqa: F403 -- a settings overlay takes every project setting
+from config.settings import *  # noqa: F403 (a settings overlay: every project setting)
 
 # Close the worker's connections every this many tasks (Celery counts prerun and postrun).
 CELERY_DB_REUSE_MAX = 1000

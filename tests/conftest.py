@@ -43,7 +43,8 @@ def marks(key: str) -> list[tuple[float, str]]:
     """Entries the test jobs appended with tests.support.tasks.mark, as (time, value)."""
     out = []
     for raw in redis_client().lrange(f"test:{key}", 0, -1):
-        stamp, _, value = raw.decode().partition("|")
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        stamp, _, value = text.partition("|")
         out.append((float(stamp), value))
     return out
 
@@ -59,35 +60,36 @@ class Worker:
         self.name = f"{name}-{uuid.uuid4().hex[:6]}@localhost"
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log_path = LOG_DIR / f"{self.name.split('@')[0]}.log"
-        self.log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "-Q",
-                queues,
-                "-c",
-                str(concurrency),
-                "-n",
-                self.name,
-                "-I",
-                "tests.support.tasks",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-l",
-                "INFO",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # The worker writes to its own copy of the descriptor; ours is closed once it started.
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "config",
+                    "worker",
+                    "-Q",
+                    queues,
+                    "-c",
+                    str(concurrency),
+                    "-n",
+                    self.name,
+                    "-I",
+                    "tests.support.tasks",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "--without-heartbeat",
+                    "-l",
+                    "INFO",
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_until(self.ready, timeout=60, interval=0.25, what=f"worker {self.name} to answer")
 
     def ready(self) -> bool:
@@ -97,7 +99,10 @@ class Worker:
 
     def pool_pids(self) -> list[int]:
         out = subprocess.run(
-            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)], capture_output=True, text=True
+            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
+            capture_output=True,
+            text=True,
+            check=False,  # ps exits 1 when the worker has no children
         ).stdout
         return [int(p) for p in out.split()]
 
@@ -109,7 +114,6 @@ class Worker:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=10)
-        self.log.close()
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")

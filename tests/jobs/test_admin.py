@@ -16,18 +16,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def dead_letter(**fields) -> DeadLetter:
     now = timezone.now()
-    values = dict(
-        job_id_value=uuid.uuid4(),
-        task_name="tests.prioritized",
-        args=["k", "replayed"],
-        kwargs={},
-        queue="reports",
-        exception_class="jobs.policies.Permanent",
-        exception_message="nope",
-        traceback="Traceback (most recent call last):\n  boom",
-        first_failed_at=now,
-        last_failed_at=now,
-    )
+    values = {
+        "job_id_value": uuid.uuid4(),
+        "task_name": "tests.prioritized",
+        "args": ["k", "replayed"],
+        "kwargs": {},
+        "queue": "reports",
+        "exception_class": "jobs.policies.Permanent",
+        "exception_message": "nope",
+        "traceback": "Traceback (most recent call last):\n  boom",
+        "first_failed_at": now,
+        "last_failed_at": now,
+    }
     values.update(fields)
     return DeadLetter.objects.create(**values)
 
@@ -55,6 +55,7 @@ def test_replay_action_enqueues_a_linked_job(admin_client, admin_user, clean_red
     assert b"1 dead letter replayed." in response.content
     row.refresh_from_db()
     assert row.status == DeadLetterStatus.REPLAYED and row.resolved_by == admin_user
+    assert row.replayed_job_id is not None
     job = Job.objects.get(id=row.replayed_job_id)
     assert job.task_name == "tests.prioritized" and job.args == ["k", "replayed"]
     assert job.replay_of_id == row.pk
@@ -163,7 +164,8 @@ def test_replay_with_edited_arguments_validates_and_records_the_edit(admin_clien
 
     assert response.status_code == 302
     row.refresh_from_db()
-    assert row.status == DeadLetterStatus.REPLAYED and row.replayed_job.args == ["k", "new"]
+    assert row.status == DeadLetterStatus.REPLAYED and row.replayed_job is not None
+    assert row.replayed_job.args == ["k", "new"]
     edit = AuditEntry.objects.get(action="replay-edited")
     assert edit.detail["before"]["args"] == ["k", "old"] and edit.detail["after"]["args"] == [
         "k",
@@ -218,8 +220,10 @@ def test_two_operators_replaying_at_once_make_one_job(transactional_db, clean_re
             connection.close()
 
     threads = [threading.Thread(target=replay) for _ in range(2)]
-    [t.start() for t in threads]
-    [t.join() for t in threads]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
     assert sorted(outcomes, key=str)[-1] == "refused" and Job.objects.count() == 1
 

@@ -173,6 +173,7 @@ def test_check_warns_when_redis_is_not_durable(settings):
 
     client = redis_client()
     policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    assert policy is not None
     client.config_set("maxmemory-policy", "allkeys-lru")
     try:
         ids = {w.id for w in check_redis_durability()}

@@ -28,17 +28,17 @@ def run(*args: str) -> str:
 
 def dead_letter(**fields) -> DeadLetter:
     now = timezone.now()
-    values = dict(
-        job_id_value=uuid.uuid4(),
-        task_name="tests.prioritized",
-        args=["k", "x"],
-        kwargs={},
-        queue="reports",
-        exception_class="ConnectionError",
-        exception_message="refused",
-        first_failed_at=now,
-        last_failed_at=now,
-    )
+    values = {
+        "job_id_value": uuid.uuid4(),
+        "task_name": "tests.prioritized",
+        "args": ["k", "x"],
+        "kwargs": {},
+        "queue": "reports",
+        "exception_class": "ConnectionError",
+        "exception_message": "refused",
+        "first_failed_at": now,
+        "last_failed_at": now,
+    }
     return DeadLetter.objects.create(**{**values, **fields})
 
 
@@ -128,7 +128,7 @@ def test_degraded_health_alerts_once_and_announces_recovery(clean_redis, setting
     )  # once per interval
     assert any("waiting" in m.subject and "reports" in m.subject for m in mail.outbox)
 
-    redis_client().delete(*[k for k in redis_client().scan_iter("reports*")])  # the backlog drains
+    redis_client().delete(*redis_client().scan_iter("reports*"))  # the backlog drains
     recovered = alerts_check()["recovered"]
     assert any("reports" in cause for cause in recovered)
     assert any("jobs recovered" in m.subject for m in mail.outbox)

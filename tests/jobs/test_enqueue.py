@@ -73,7 +73,7 @@ def test_short_delay_is_scheduled_in_the_broker(clean_redis):
     handle = tasks.prioritized.enqueue("k", "a", delay=30)
 
     job = Job.objects.get(id=handle.id)
-    assert job.state == JobState.SCHEDULED
+    assert job.state == JobState.SCHEDULED and job.scheduled_for is not None
     assert timedelta(seconds=29) < job.scheduled_for - job.enqueued_at < timedelta(seconds=31)
     assert job.published_at is not None
 

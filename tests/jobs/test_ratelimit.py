@@ -43,6 +43,13 @@ def test_parse_rate_rejects_bad_strings_naming_them(rate):
 # --- RateLimiter contract (real Redis) -----------------------------------------------------
 
 
+def next_free_slot(key: str) -> float:
+    """The bucket the limiter keeps in Redis at `key`: the time of the next free slot."""
+    value = redis_client().get(key)
+    assert value is not None, f"no bucket at {key}"
+    return float(value)
+
+
 @pytest.fixture
 def limiter(clean_redis: None) -> RateLimiter:
     return RateLimiter(prefix=f"test:rate:{uuid.uuid4().hex[:8]}:")
@@ -140,7 +147,7 @@ def test_each_reservation_moves_the_bucket_exactly_one_interval(limiter, rate):
     interval = parse_rate(rate)
     for _ in range(max(1, int(0.2 / interval))):  # keep the bucket >= 0.2 s ahead of the clock,
         limiter.acquire("api", rate, max_reserve=3600)  # so a slow machine cannot let it idle
-    start = float(redis_client().get(limiter.prefix + "api"))
+    start = next_free_slot(limiter.prefix + "api")
 
     # when: ten more callers reserve
     decisions = [limiter.acquire("api", rate, max_reserve=3600) for _ in range(10)]
@@ -148,7 +155,7 @@ def test_each_reservation_moves_the_bucket_exactly_one_interval(limiter, rate):
     # then: the bucket is exactly ten intervals further on; any drift per token adds up to
     # more (or fewer) jobs than the rate allows, on every host
     assert {decision.verdict for decision in decisions} == {"reserved"}
-    end = float(redis_client().get(limiter.prefix + "api"))
+    end = next_free_slot(limiter.prefix + "api")
     assert end - start == pytest.approx(10 * interval, abs=2e-5)
 
 
@@ -169,7 +176,7 @@ def test_concurrent_callers_each_hold_their_own_slot(limiter):
     # reserve (none finds the bucket idle); the next free slot is `start`
     for _ in range(100):
         limiter.acquire("api", "1000/s", max_reserve=60)
-    start = float(redis_client().get(key))
+    start = next_free_slot(key)
     offset = redis_clock_offset()
     calls: list[tuple[float, float, Decision]] = []
     lock = threading.Lock()
@@ -193,7 +200,7 @@ def test_concurrent_callers_each_hold_their_own_slot(limiter):
     # two callers sharing a slot would leave it short
     assert len(calls) == 200
     assert {decision.verdict for _, _, decision in calls} == {"reserved"}
-    assert float(redis_client().get(key)) == pytest.approx(start + 200 * interval, abs=2e-4)
+    assert next_free_slot(key) == pytest.approx(start + 200 * interval, abs=2e-4)
 
     # and each caller's slot (its Redis time + its wait) is on the 1 ms grid from `start`;
     # where the call was quick enough to pin its slot down, no two callers got the same one

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from jobs import services
@@ -29,6 +31,7 @@ def test_success_records_result_and_timings(worker, client, admin_user):
     # then
     assert job.state == JobState.SUCCEEDED
     assert job.attempts == 1
+    assert job.started_at is not None and job.finished_at is not None
     assert job.started_at >= job.enqueued_at and job.finished_at >= job.started_at
     client.force_login(admin_user)
     body = wait_until(lambda: (r := client.get(handle.status_url).json()).get("result") and r)
@@ -41,7 +44,7 @@ def test_exponential_backoff_delays_follow_the_policy(worker, unique):
 
     assert job.state == JobState.SUCCEEDED and job.attempts == 4
     starts = [stamp for stamp, _ in marks(unique)]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in pairwise(starts)]
     for gap, expected in zip(gaps, [1.0, 2.0, 4.0], strict=True):
         assert expected - 0.05 <= gap <= expected + 0.8, (gaps, expected)
     assert [f["exception"] for f in job.failures] == ["ConnectionError"] * 3
@@ -52,7 +55,7 @@ def test_explicit_delay_list_is_followed(worker, unique):
     job = finished(handle.id, timeout=30)
 
     starts = [stamp for stamp, _ in marks(unique)]
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in pairwise(starts)]
     assert job.attempts == 4
     for gap, expected in zip(gaps, [0.5, 2.0, 1.0], strict=True):
         assert expected - 0.05 <= gap <= expected + 0.8, (gaps, expected)
@@ -98,7 +101,7 @@ def test_replaying_a_removed_task_is_a_clear_error_and_keeps_the_row(worker, uni
     DeadLetter.objects.filter(job_id_value=handle.id).update(task_name="tests.gone")
     dead = DeadLetter.objects.get(job_id_value=handle.id)
 
-    with pytest.raises(UnknownTask, match="tests.gone"):
+    with pytest.raises(UnknownTask, match=r"tests\.gone"):
         services.dead_letter_replay(dead_letter=dead)
 
     dead.refresh_from_db()

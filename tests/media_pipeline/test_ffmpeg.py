@@ -136,7 +136,8 @@ def test_probe_of_a_file_without_video_names_the_container(tmp_path: Path):
     ],
 )
 def test_frame_size_keeps_aspect_with_even_sides(size, lines, expected):
-    assert frame_size(*size, lines) == expected
+    width, height = size
+    assert frame_size(width, height, lines) == expected
 
 
 def test_the_ladder_covers_every_format():

@@ -75,6 +75,7 @@ def test_upload_through_the_page_redirects_to_the_video(tmp_media, client, user,
     video = Video.objects.get()
     assert response.status_code == 302 and response["Location"] == f"/videos/{video.id}/"
     assert sorted(r.format for r in video.renditions.all()) == ["360p", "720p"]
+    assert video.job_id is not None
     assert Job.objects.filter(id=video.job_id, task_name="media_pipeline.video_process").exists()
     page = client.get(response["Location"]).content.decode()
     assert "trip.mp4 is uploaded" in page

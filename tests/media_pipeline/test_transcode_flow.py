@@ -91,6 +91,7 @@ def test_upload_becomes_ready_with_probed_renditions_and_rising_progress(
         assert probed["duration"] == pytest.approx(CLIP_SECONDS, abs=0.1)
         assert probed["codec"] == "h264" and probed["audio_codec"] == "aac"
         assert rendition["size_bytes"] == (Path(settings.MEDIA_ROOT) / row.path).stat().st_size
+        assert row.finished_at is not None and row.started_at is not None
         seconds = (row.finished_at - row.started_at).total_seconds()
         print(
             f"\n{row.format}: {row.resolution}, {row.size_bytes} bytes, {seconds:.2f}s to transcode"

@@ -86,5 +86,10 @@ def pdf_text(data: bytes) -> tuple[PdfReader, str]:
     return reader, "\n".join(page.extract_text() or "" for page in reader.pages)
 
 
+def pdf_title(reader: PdfReader) -> str:
+    """The title in the PDF's metadata ("" when it has none)."""
+    return (reader.metadata.title if reader.metadata else None) or ""
+
+
 def downloaded(response: Any) -> bytes:
     return b"".join(response.streaming_content)

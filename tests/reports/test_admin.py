@@ -49,6 +49,7 @@ def test_ready_report_links_the_permission_checked_download(admin_client, admin_
 def test_demo_shop_admin_pages_render(admin_client):
     demo_seed(days=10)
     order = Order.objects.first()
+    assert order is not None
 
     assert admin_client.get("/admin/reports/product/?category=Audio").status_code == 200
     orders = admin_client.get("/admin/reports/order/")

@@ -21,7 +21,6 @@ from tests.reports.conftest import RECIPIENTS, final_job, final_report, pdf_text
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NEW_YORK = ZoneInfo("America/New_York")
-UTC = UTC
 
 
 def daily() -> PeriodicTask:
@@ -248,7 +247,9 @@ def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
     )
     assert sorted(message["To"] for message in received) == sorted(RECIPIENTS.split(","))
     email_step = Job.objects.get(task_name="reports.email", args=[report.pk])
+    assert report.job_id is not None
     render = Job.objects.get(id=report.job_id)
+    assert email_step.started_at is not None and render.finished_at is not None
     assert email_step.state == JobState.SUCCEEDED and email_step.started_at >= render.finished_at
     for message in received:
         [pdf] = [part for part in message.walk() if part.get_content_type() == "application/pdf"]

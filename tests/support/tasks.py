@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -126,10 +127,8 @@ def prioritized(key: str, label: str) -> None:
 def hard_limited(key: str) -> None:
     mark(key)
     while True:  # swallows the soft limit, as code stuck in a C call would: only the kill ends it
-        try:
+        with contextlib.suppress(SoftTimeLimitExceeded):
             time.sleep(0.05)
-        except SoftTimeLimitExceeded:
-            pass
 
 
 @job(name="tests.crashes", retry=RetryPolicy(max_attempts=1))

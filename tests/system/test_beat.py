@@ -16,30 +16,30 @@ from tests.conftest import LOG_DIR, ROOT, marks, wait_until
 LOCK_TTL = 4  # seconds; production default is 30
 
 
-def start_beat(name: str, env: dict[str, str]) -> tuple[subprocess.Popen, object]:
+def start_beat(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    log = open(LOG_DIR / f"beat-{name}.log", "wb")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "beat",
-            "--pidfile=",
-            "-l",
-            "INFO",
-            "--scheduler",
-            "jobs.beat:LeaderDatabaseScheduler",
-        ],
-        cwd=ROOT,
-        env={**env, "BACKLOT_BEAT_LOCK_TTL": str(LOCK_TTL)},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    return process, log
+    # beat writes to its own copy of the descriptor; ours is closed once it started.
+    with open(LOG_DIR / f"beat-{name}.log", "wb") as log:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "config",
+                "beat",
+                "--pidfile=",
+                "-l",
+                "INFO",
+                "--scheduler",
+                "jobs.beat:LeaderDatabaseScheduler",
+            ],
+            cwd=ROOT,
+            env={**env, "BACKLOT_BEAT_LOCK_TTL": str(LOCK_TTL)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def log_of(name: str) -> str:
@@ -55,8 +55,8 @@ def test_two_beats_fire_each_tick_once_and_a_dead_leader_is_replaced(worker, wor
         args=json.dumps([unique, "tick"]),
         queue="default",
     )
-    first, first_log = start_beat(f"a-{unique}", worker_env)
-    second, second_log = start_beat(f"b-{unique}", worker_env)
+    first = start_beat(f"a-{unique}", worker_env)
+    second = start_beat(f"b-{unique}", worker_env)
     try:
         wait_until(
             lambda: "is now the leader" in log_of(f"a-{unique}") + log_of(f"b-{unique}"),
@@ -92,5 +92,3 @@ def test_two_beats_fire_each_tick_once_and_a_dead_leader_is_replaced(worker, wor
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
                 process.wait(timeout=20)
-        first_log.close()
-        second_log.close()

@@ -459,8 +459,9 @@ def applied_table(django_db_setup: Any, django_db_blocker: Any) -> str:
     """The effects log: one row per applied effect, deliberately without a unique key."""
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(
-            f"CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (id bigserial PRIMARY KEY, run text NOT NULL,"
-            " item integer NOT NULL, job_id uuid, pid integer, at timestamptz NOT NULL DEFAULT now())"
+            f"CREATE TABLE IF NOT EXISTS {APPLIED_TABLE} (id bigserial PRIMARY KEY,"
+            " run text NOT NULL, item integer NOT NULL, job_id uuid, pid integer,"
+            " at timestamptz NOT NULL DEFAULT now())"
         )
     return APPLIED_TABLE
 
@@ -480,7 +481,7 @@ def applied(run: str) -> Counter:
         cursor.execute(
             f"SELECT item, count(*) FROM {APPLIED_TABLE} WHERE run = %s GROUP BY item", [run]
         )
-        return Counter({item: n for item, n in cursor.fetchall()})
+        return Counter(dict(cursor.fetchall()))
 
 
 def runs(run: str) -> Counter:

@@ -12,15 +12,16 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 
 import django
 
 django.setup()
 
-from django.db import close_old_connections, transaction
+from django.db import close_old_connections, transaction  # noqa: E402 (after django.setup())
 
-from jobs import services
-from tests.system.faults import jobs as fault_jobs
+from jobs import services  # noqa: E402 (after django.setup())
+from tests.system.faults import jobs as fault_jobs  # noqa: E402 (after django.setup())
 
 TASKS = {
     "effect": fault_jobs.effect,
@@ -33,7 +34,7 @@ TASKS = {
 def enqueue(spec: dict) -> dict:
     """One task.enqueue() per job (the API's path), each timed; or job_enqueue_many batches."""
     task = TASKS[spec["task"]]
-    items = range(spec["start"], spec["start"] + spec["count"])
+    items: Sequence[int] = range(spec["start"], spec["start"] + spec["count"])
     extra = spec.get("kwargs", {})
     ids: list[str] = []
     slowest = 0.0

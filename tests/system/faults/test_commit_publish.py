@@ -50,10 +50,13 @@ def test_process_killed_between_commit_and_publish_the_relay_sends_the_rest(
     started = runs(run_id)
     relayed = Job.objects.filter(id__in=orphans, published_at__isnull=False).count()
     figures(
-        f"crash between commit and publish: {len(ids)} committed, {len(ids) - len(orphans)} published, "
+        f"crash between commit and publish: {len(ids)} committed, "
+        f"{len(ids) - len(orphans)} published, "
         f"{in_redis} in Redis at the crash; {counts[JobState.SUCCEEDED]}/{JOBS} succeeded, "
-        f"{relayed}/{len(orphans)} orphans published by the relay, runs per job {sorted(set(started.values()))}, "
-        f"{len(effects)} effects, {dead_letters(ids)} dead letters, recovered in {recovered:.1f} s, "
+        f"{relayed}/{len(orphans)} orphans published by the relay, "
+        f"runs per job {sorted(set(started.values()))}, "
+        f"{len(effects)} effects, {dead_letters(ids)} dead letters, "
+        f"recovered in {recovered:.1f} s, "
         f"{time.monotonic() - began:.1f} s"
     )
     assert len(ids) == JOBS and len(orphans) == JOBS - PUBLISHED and in_redis == PUBLISHED

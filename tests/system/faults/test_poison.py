@@ -40,7 +40,8 @@ def test_poison_job_runs_max_attempts_then_one_dead_letter(
         f"poison among {GOOD}: poison ran {started[POISON_ITEM]} times (max_attempts "
         f"{QUICK_RETRY.max_attempts}), state {bad.state}, {letters.count()} dead letter; "
         f"{counts[JobState.SUCCEEDED]}/{GOOD} good succeeded, {len(effects)} effects, "
-        f"{max(effects.values())} max per job, drained in {drained:.1f} s, {time.monotonic() - began:.1f} s"
+        f"{max(effects.values())} max per job, drained in {drained:.1f} s, "
+        f"{time.monotonic() - began:.1f} s"
     )
     assert started[POISON_ITEM] == QUICK_RETRY.max_attempts == bad.attempts == 3
     assert bad.state == JobState.DEAD

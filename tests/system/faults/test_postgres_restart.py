@@ -35,7 +35,8 @@ def test_postgres_restart_under_running_jobs_every_job_completes_without_dead_le
             return Counter(
                 dict(
                     pg.query(
-                        "SELECT state, count(*) FROM jobs_job WHERE task_name = 'faults.effect' GROUP BY state"
+                        "SELECT state, count(*) FROM jobs_job"
+                        " WHERE task_name = 'faults.effect' GROUP BY state"
                     )
                 )
             )
@@ -114,7 +115,8 @@ def test_postgres_connections_reset_under_running_jobs_no_dead_letters(
             return Counter(
                 dict(
                     pg.query(
-                        "SELECT state, count(*) FROM jobs_job WHERE task_name = 'faults.effect' GROUP BY state"
+                        "SELECT state, count(*) FROM jobs_job"
+                        " WHERE task_name = 'faults.effect' GROUP BY state"
                     )
                 )
             )
@@ -132,8 +134,12 @@ def test_postgres_connections_reset_under_running_jobs_no_dead_letters(
         for _ in range(RESETS):
             if terminated:
                 due = last + 1.0
+
+                def passed(due: float = due) -> bool:
+                    return time.monotonic() >= due
+
                 wait_until(
-                    lambda due=due: time.monotonic() >= due,
+                    passed,
                     timeout=5,
                     interval=0.05,
                     what="1 s apart",
@@ -141,7 +147,8 @@ def test_postgres_connections_reset_under_running_jobs_no_dead_letters(
             terminated.append(
                 len(
                     pg.query(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'backlot'"
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                        " WHERE datname = 'backlot'"
                         " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
                     )
                 )

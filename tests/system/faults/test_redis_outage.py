@@ -80,8 +80,10 @@ def test_jobs_accepted_while_redis_is_stopped_all_run_once(
     started = runs(run_id)
     duplicates = sum(n - 1 for n in effects.values() if n > 1)
     figures(
-        f"Redis stopped: {len(ids)} enqueues, slowest {slowest:.2f} s, {waiting} waited in the outbox; "
-        f"{counts[JobState.SUCCEEDED]}/{JOBS} succeeded, runs per job {sorted(set(started.values()))}, "
+        f"Redis stopped: {len(ids)} enqueues, slowest {slowest:.2f} s, "
+        f"{waiting} waited in the outbox; "
+        f"{counts[JobState.SUCCEEDED]}/{JOBS} succeeded, "
+        f"runs per job {sorted(set(started.values()))}, "
         f"{len(effects)} effects, {duplicates} duplicates, {dead_letters(ids)} dead letters, "
         f"done {recovered:.1f} s after Redis came back, {time.monotonic() - began:.1f} s"
     )
@@ -123,8 +125,10 @@ def test_enqueue_against_a_frozen_redis_answers_within_seconds(
     started = runs(run_id)
     figures(
         f"Redis frozen: {len(ids)} enqueues, slowest {result['slowest']:.2f} s; "
-        f"{counts[JobState.SUCCEEDED]}/{FROZEN_JOBS} succeeded, runs per job {sorted(set(started.values()))}, "
-        f"{len(effects)} effects, done {recovered:.1f} s after the thaw, {time.monotonic() - began:.1f} s"
+        f"{counts[JobState.SUCCEEDED]}/{FROZEN_JOBS} succeeded, "
+        f"runs per job {sorted(set(started.values()))}, "
+        f"{len(effects)} effects, done {recovered:.1f} s after the thaw, "
+        f"{time.monotonic() - began:.1f} s"
     )
     assert result["slowest"] <= ANSWER_WITHIN, (
         f"an enqueue took {result['slowest']:.2f} s against a frozen Redis"

@@ -40,7 +40,8 @@ def test_redis_restart_keeps_a_5000_job_backlog(
     figures(
         f"Redis restart: {before} queued before, {after} after the AOF reload; "
         f"{counts[JobState.SUCCEEDED]}/{JOBS} succeeded, {dead_letters(ids)} dead letters, "
-        f"{len(effects)} effects, {duplicates} duplicates, {sum(started.values())} runs, drained in "
+        f"{len(effects)} effects, {duplicates} duplicates, {sum(started.values())} runs, "
+        "drained in "
         f"{drained:.1f} s ({JOBS / drained:.0f} jobs/s), {time.monotonic() - began:.1f} s"
     )
     assert before == JOBS and after == JOBS

@@ -57,10 +57,12 @@ def test_sigterm_finishes_short_jobs_and_hands_long_ones_back(
     counts = states(short + long)
     duplicates = sum(n - 1 for n in effects.values() if n > 1)
     figures(
-        f"SIGTERM with {DRAIN} s drain: worker exit code {code} after {exit_after:.1f} s; short jobs "
-        f"{short_states[JobState.SUCCEEDED]}/4 finished before exit with runs {short_runs}; long jobs "
+        f"SIGTERM with {DRAIN} s drain: worker exit code {code} after {exit_after:.1f} s; "
+        f"short jobs {short_states[JobState.SUCCEEDED]}/4 finished before exit "
+        f"with runs {short_runs}; long jobs "
         f"started {[started[100], started[101]]} times; {counts[JobState.SUCCEEDED]}/6 succeeded, "
-        f"{dead_letters(short + long)} dead letters, {duplicates} duplicates, {time.monotonic() - began:.1f} s"
+        f"{dead_letters(short + long)} dead letters, {duplicates} duplicates, "
+        f"{time.monotonic() - began:.1f} s"
     )
     assert code == 0, f"worker exit code {code}:\n{first.output()[-2000:]}"
     assert exit_after <= DRAIN + 5, (

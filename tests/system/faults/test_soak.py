@@ -40,10 +40,10 @@ def finished() -> int:
 def test_soak_transient_failures_and_two_worker_kills(
     private_redis, start_fault_worker, client_procs, run_id
 ):
-    """JOBS jobs of 20 ms (20,000 by default, FAULTS_SOAK_JOBS to change) fed at a sustained rate; about 10 % fail
-    transiently (seeded: most recover within 3 attempts, 1 in 60 always fails, half of the
-    failures strike after the effect committed); two workers of 2 processes; each is kill
-    -9'ed once (at 25 % and 55 % done) and replaced; the relay runs.
+    """JOBS jobs of 20 ms (20,000 by default, FAULTS_SOAK_JOBS to change) fed at a sustained
+    rate; about 10 % fail transiently (seeded: most recover within 3 attempts, 1 in 60 always
+    fails, half of the failures strike after the effect committed); two workers of 2
+    processes; each is kill -9'ed once (at 25 % and 55 % done) and replaced; the relay runs.
 
     Pass figures: succeeded + dead-lettered == JOBS exactly, the dead ones exactly the planned
     always-failing items (each with one dead letter), 0 duplicate effects, every succeeded job's
@@ -69,8 +69,12 @@ def test_soak_transient_failures_and_two_worker_kills(
 
     # when: each worker is killed once, mid-run, and replaced
     for n, share in enumerate(KILL_AT):
+
+        def reached(share: float = share) -> bool:
+            return finished() >= JOBS * share
+
         wait_until(
-            lambda share=share: finished() >= JOBS * share,
+            reached,
             timeout=BUDGET,
             interval=0.5,
             what=f"{share:.0%} done",
@@ -117,9 +121,11 @@ def test_soak_transient_failures_and_two_worker_kills(
     failing = sum(1 for fails, _ in planned.values() if fails)
     figures(
         f"soak {JOBS} jobs ({failing} planned to fail transiently, {len(doomed)} always), 2 kills "
-        f"cutting {lost} attempts short: {counts[JobState.SUCCEEDED]} succeeded + {counts[JobState.DEAD]} "
-        f"dead-lettered = {counts[JobState.SUCCEEDED] + counts[JobState.DEAD]}, {letters} dead letters, "
-        f"{duplicates} duplicate effects, {sum(started.values())} runs, {totals['attempts']} attempts, "
+        f"cutting {lost} attempts short: {counts[JobState.SUCCEEDED]} succeeded + "
+        f"{counts[JobState.DEAD]} dead-lettered = "
+        f"{counts[JobState.SUCCEEDED] + counts[JobState.DEAD]}, {letters} dead letters, "
+        f"{duplicates} duplicate effects, {sum(started.values())} runs, "
+        f"{totals['attempts']} attempts, "
         f"{totals['deliveries']} deliveries, {elapsed:.1f} s ({JOBS / elapsed:.0f} jobs/s)"
     )
     assert len(ids) == JOBS and sum(counts.values()) == JOBS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -77,7 +78,8 @@ def test_a_raw_address_in_a_log_fails_a_session_whose_tests_passed(tmp_path, mon
     session = SimpleNamespace(config=config, exitstatus=pytest.ExitCode.OK)
     session.config.stash[security_conftest.SESSION_START] = 0.0
 
-    security_conftest.pytest_sessionfinish(session, exitstatus=0)
+    # a stand-in with the two attributes the hook reads
+    security_conftest.pytest_sessionfinish(cast(pytest.Session, session), exitstatus=0)
 
     assert session.exitstatus == pytest.ExitCode.TESTS_FAILED
     scanned, [finding] = session.config.stash[security_conftest.LOG_FINDINGS]

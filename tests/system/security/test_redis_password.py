@@ -103,6 +103,7 @@ def password_redis(tmp_path: Path) -> Iterator[PasswordRedis]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    assert process.stdin is not None  # stdin=PIPE
     process.stdin.write(config)
     process.stdin.close()
     server = PasswordRedis(port=port, password=password, process=process)
@@ -136,6 +137,7 @@ def run_django(code: str, env: dict[str, str], redis_url: str) -> tuple[str, str
         text=True,
         timeout=60,
         env={**env, "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": redis_url},
+        check=False,  # asserted below, with the output in the message
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
