@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from .masking import message_repr
 from .models import Job, JobState
 from .payload import payload_check
+from .signals import slim_message
 
 if TYPE_CHECKING:
     from .base import PlatformTask
@@ -168,7 +169,9 @@ def _publish_rows(*, task: PlatformTask, rows: list[_Row], priority: int) -> Non
                             kwargsrepr=message_repr(row.kwargs),
                             ignore_result=ignore_result,
                         )
+                        slim_message(headers, properties)
                         producer.publish(body, headers=headers, **options, **properties)
+                        options["declare"] = None  # declared once: binding it per message is costly
                 sent += len(chunk)
                 if task.track:
                     Job.objects.filter(id__in=[row.id for row in chunk]).update(

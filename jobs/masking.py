@@ -15,6 +15,8 @@ def mask_email(address: str) -> str:
 
 def mask_text(text: str) -> str:
     """Every email address in `text`, masked."""
+    if "@" not in text:  # the pattern backtracks over every run of name characters
+        return text
     return _EMAIL.sub(r"\1***@\2", text)
 
 
@@ -31,7 +33,7 @@ def mask_value(value: Any) -> Any:
 
 # Message headers carry a readable copy of the arguments for Flower and logs; keep it short
 # (Redis holds one per queued job) and free of personal data.
-REPR_LIMIT = 120
+REPR_LIMIT = 80
 
 
 def message_repr(value: Any) -> str:

@@ -1,11 +1,26 @@
-"""Worker hooks: database connections live across jobs the way they live across requests."""
+"""Worker and publisher hooks: database connections live across jobs the way they live
+across requests, and Backlot's messages carry no field twice."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import task_prerun
+from celery import current_app
+from celery.signals import before_task_publish, task_prerun
 from django.db import close_old_connections
+
+# Headers Celery writes even when empty; the worker reads each with a default (Context's class
+# attributes), so an absent header means the same as its empty value.
+_EMPTY_HEADERS = {
+    "shadow": None,
+    "eta": None,
+    "expires": None,
+    "group": None,
+    "group_index": None,
+    "parent_id": None,
+    "stamped_headers": None,
+    "replaced_task_nesting": 0,
+}
 
 
 @task_prerun.connect
@@ -13,3 +28,31 @@ def recycle_connections(**kwargs: Any) -> None:
     """Before each job: close connections that errored or outlived CONN_MAX_AGE (Django's
     request_started hook, for jobs). With CONN_MAX_AGE=0 (SQLite) that is every job."""
     close_old_connections()
+
+
+def slim_message(headers: dict[str, Any], properties: dict[str, Any]) -> None:
+    """Drop what a Backlot message carries for nothing: empty headers, the reply queue (no
+    rpc:// results), and the second copy of argsrepr/kwargsrepr that apply_async leaves in
+    the properties (the headers have them). Redis holds every queued message."""
+    for key, empty in _EMPTY_HEADERS.items():
+        if key in headers and headers[key] == empty:
+            del headers[key]
+    if headers.get("stamps") == {} and "stamped_headers" not in headers:
+        del headers["stamps"]
+    for key in ("argsrepr", "kwargsrepr", "reply_to"):
+        properties.pop(key, None)
+
+
+@before_task_publish.connect
+def slim_platform_messages(
+    sender: str | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> None:
+    from .base import PlatformTask
+
+    if headers is None or properties is None:
+        return
+    if isinstance(current_app.tasks.get(sender or ""), PlatformTask):
+        slim_message(headers, properties)
