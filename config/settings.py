@@ -2,7 +2,7 @@
 
 import os
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import dj_database_url
 from celery.schedules import crontab
@@ -174,7 +174,7 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
 # Redis transport: priorities are separate lists per level, consumed highest first.
 # https://docs.celeryq.dev/en/stable/userguide/routing.html#redis-message-priorities
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     "queue_order_strategy": "priority",
     "priority_steps": list(range(10)),
     "sep": ":",
@@ -206,8 +206,13 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # Long-running jobs: one message per process at a time, so a backlog is not hoarded.
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_MULTIPLIER", "1"))
-CELERY_WORKER_SEND_TASK_EVENTS = True
-CELERY_TASK_SEND_SENT_EVENT = True
+# Celery's monitoring events (task-sent, -received, -started, -succeeded) are off unless asked
+# for: each is a Redis PUBLISH, and publishing them took a third of a worker's main process on
+# short jobs. Flower turns workers' events on when it connects (its enable_events option);
+# CELERY_EVENTS=1 keeps them on from the start, task-sent included. Backlot's own dashboard,
+# metrics and status read the ledger and Redis counters, not events.
+CELERY_WORKER_SEND_TASK_EVENTS = os.environ.get("CELERY_EVENTS", "0") == "1"
+CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 # The job ledger records start and finish: the result backend keeps only results.
 CELERY_TASK_TRACK_STARTED = False
 # Workers keep their database connections between jobs: Celery's Django fixup would otherwise

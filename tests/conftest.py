@@ -156,6 +156,9 @@ def worker_env(django_db_setup: Any, django_db_blocker: Any, smtp_server: Any) -
         "EMAIL_HOST": "127.0.0.1",
         "EMAIL_PORT": str(smtp_server.port),
         "MEDIA_ROOT": str(settings.MEDIA_ROOT),
+        # Test workers run --without-heartbeat --without-gossip, which leaves their event
+        # dispatcher off altogether unless task events are on: Flower (tests/system) needs them.
+        "CELERY_EVENTS": "1",
     }
 
 
