@@ -8,7 +8,7 @@ raw arguments.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin, messages
@@ -37,11 +37,12 @@ EXACT_COUNT_LIMIT = 10_000
 
 class EstimatedCountPaginator(Paginator):
     @cached_property
-    def count(self) -> int:  # type: ignore[override]
-        limited = self.object_list[: EXACT_COUNT_LIMIT + 1].count()
+    def count(self) -> int:
+        object_list = cast("QuerySet[Any]", self.object_list)  # the admin changelist's queryset
+        limited = object_list[: EXACT_COUNT_LIMIT + 1].count()
         if limited <= EXACT_COUNT_LIMIT or connection.vendor != "postgresql":
             return limited
-        sql, params = self.object_list.query.sql_with_params()
+        sql, params = object_list.query.sql_with_params()
         with connection.cursor() as cursor:
             cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
             plan = cursor.fetchone()[0]
@@ -136,9 +137,9 @@ class EditedReplayForm(forms.Form):
     def clean_kwargs(self) -> dict:
         return self._json("kwargs", dict)
 
-    def clean(self) -> dict:
+    def clean(self) -> dict[str, Any] | None:
         data = super().clean()
-        if "args" in data and "kwargs" in data:
+        if data is not None and "args" in data and "kwargs" in data:
             try:
                 payload_check(
                     task_name=self.task_name,

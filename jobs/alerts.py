@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.mail import mail_admins
 
 from .monitoring import health_report
-from .ratelimit import redis_client
+from .ratelimit import redis_client, redis_text
 
 logger = logging.getLogger("backlot.alerts")
 
@@ -42,7 +42,7 @@ def alerts_check() -> dict[str, list[str]]:
             )
             fired.append(problem)
     for raw in client.smembers(ACTIVE):
-        cause = raw.decode()
+        cause = redis_text(raw)
         if cause not in current:
             client.srem(ACTIVE, cause)
             client.delete(SENT + cause)

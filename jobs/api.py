@@ -6,9 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from django.http import HttpRequest
 from ninja import Router, Schema
 from ninja.errors import HttpError
+
+from config.api_types import AuthenticatedRequest
 
 from .models import Job, JobState
 
@@ -70,7 +71,7 @@ def job_status(job: Job) -> dict[str, Any]:
 
 
 @router.get("/{job_id}/", response=JobOut, url_name="job_status")
-def job_detail(request: HttpRequest, job_id: str) -> dict[str, Any]:
+def job_detail(request: AuthenticatedRequest, job_id: str) -> dict[str, Any]:
     """A job's state, progress, result or error. Unknown ids and other users' jobs are 404."""
     try:
         key = uuid.UUID(job_id)

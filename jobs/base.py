@@ -147,7 +147,8 @@ class PlatformTask(Task):
             return
         throttle = getattr(request, "_backlot_progress", None)
         if throttle is None:
-            throttle = request._backlot_progress = ProgressThrottle(
+            # Kept on Celery's per-request Context (which declares no such attribute).
+            throttle = request._backlot_progress = ProgressThrottle(  # type: ignore[attr-defined]
                 request.id, settings.BACKLOT["PROGRESS_INTERVAL"]
             )
         throttle.report(done, total, message)
@@ -213,11 +214,12 @@ class PlatformTask(Task):
             self._finished(attempt, started, None)
             raise
         except Reject as exc:
-            if exc.requeue and self.track:
+            # celery-types omits Reject's requeue/reason, which Reject.__init__ sets.
+            if exc.requeue and self.track:  # type: ignore[attr-defined]
                 services.job_release(job_id=request.id)
                 raise
             self._attempt_failed(
-                Permanent(f"rejected: {exc.reason}"),
+                Permanent(f"rejected: {exc.reason}"),  # type: ignore[attr-defined]
                 args=args,
                 kwargs=kwargs,
                 attempt=attempt,
@@ -248,14 +250,14 @@ class PlatformTask(Task):
         duration = time.monotonic() - started
         if self.track:
             services.job_succeeded(
-                job_id=self.request.id, attempt=attempt, run_seconds=duration, result=result
+                job_id=self._job_id(), attempt=attempt, run_seconds=duration, result=result
             )
         self._event("succeeded", attempt, duration)
 
     def _event(self, event: str, attempt: int, duration: float | None = None) -> None:
         telemetry.job_event(
             event,
-            job_id=self.request.id,
+            job_id=self._job_id(),
             task=self.name,
             queue=self._queue_of_request(),
             attempt=attempt,
@@ -279,7 +281,7 @@ class PlatformTask(Task):
             if isinstance(exc, SoftTimeLimitExceeded)
             else exc
         )
-        job_id = self.request.id
+        job_id = self._job_id()
         if self.policy.should_retry(reason, attempt):
             delay = self.policy.delay_for(attempt)
             if isinstance(reason, Retryable) and reason.retry_after is not None:
@@ -289,7 +291,9 @@ class PlatformTask(Task):
             ):
                 raise Ignore()  # this run lost its claim; the job's current run decides
             self._event("retrying", attempt, run_seconds)
-            raise Retry(exc=reason, when=delay)
+            # celery-types wants an Exception and a numbers.Real; Celery takes any exception
+            # and a float delay.
+            raise Retry(exc=reason, when=delay)  # type: ignore[arg-type]
         services.dead_letter_create(
             task=self,
             job_id=job_id,
@@ -306,6 +310,14 @@ class PlatformTask(Task):
         )
         self._event("dead", attempt, run_seconds)
         self.gave_up(reason, args, kwargs)
+
+    def _job_id(self) -> str:
+        """The running job's id: __call__ runs a request without one directly, so the worker
+        paths that record attempts always have it."""
+        job_id = self.request.id
+        if job_id is None:
+            raise RuntimeError(f"{self.name}: no job id outside a worker run")
+        return job_id
 
     def gave_up(self, exc: BaseException, args: tuple, kwargs: dict) -> None:
         """Run the job's on_dead hook; its failure is logged, never raised over the original."""
@@ -422,10 +434,7 @@ class PlatformTask(Task):
         elif callable(self.rate_key):
             key = self.rate_key(args, kwargs)
         limit = self.cluster_rate_limit
-        if isinstance(limit, Mapping):
-            rate = limit.get(str(key), limit.get("*"))
-        else:
-            rate = limit
+        rate = limit.get(str(key), limit.get("*")) if isinstance(limit, Mapping) else limit
         return (self.name if key is None else f"{self.name}:{key}"), rate
 
 

@@ -16,7 +16,7 @@ from typing import Any
 from django.conf import settings
 from django_celery_beat.schedulers import DatabaseScheduler
 
-from .ratelimit import redis_client
+from .ratelimit import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
     def lead(self) -> bool:
         try:
             leading = bool(redis_client().eval(_LEAD, 1, LOCK_KEY, self.identity, self.lock_ttl))
-        except Exception as exc:  # no Redis, no way to know who leads: do not fire
+        except Exception as exc:  # noqa: BLE001 - no Redis, no way to know who leads: do not fire
             logger.warning("Beat cannot reach Redis for the leader lock: %s", exc)
             leading = False
         if leading != self.leading:
@@ -63,8 +63,8 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         if self.leading:
             try:
                 holder = redis_client().get(LOCK_KEY)
-                if holder and holder.decode() == self.identity:
+                if holder and redis_text(holder) == self.identity:
                     redis_client().delete(LOCK_KEY)  # hand over at once on a clean stop
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: the lock expires anyway, close goes on
                 pass
         super().close()

@@ -65,7 +65,7 @@ def job_enqueue_many(
 
     priority = _check_priority(task.default_priority if priority is None else priority)
     max_bytes = settings.BACKLOT["MAX_PAYLOAD_BYTES"]
-    links = list(replay_of) if replay_of is not None else [None] * len(calls)
+    links: list[int | None] = list(replay_of) if replay_of is not None else [None] * len(calls)
     rows = []
     for (call_args, call_kwargs), link in zip(calls, links, strict=True):
         args, kwargs = list(call_args), dict(call_kwargs)

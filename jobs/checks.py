@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -52,7 +53,7 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 )
             )
         limit = task.cluster_rate_limit
-        for rate in limit.values() if isinstance(limit, dict) else [limit]:
+        for rate in limit.values() if isinstance(limit, Mapping) else [limit]:
             if rate is None:
                 continue
             try:
@@ -88,8 +89,8 @@ def check_redis_durability(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     if info.get("maxmemory_policy") != "noeviction":
         problems.append(
             Warning(
-                f"Redis maxmemory-policy is {info.get('maxmemory_policy')!r}: under memory pressure it "
-                "may evict queued jobs.",
+                f"Redis maxmemory-policy is {info.get('maxmemory_policy')!r}: under memory "
+                "pressure it may evict queued jobs.",
                 hint="Set maxmemory-policy noeviction.",
                 id="jobs.W003",
             )

@@ -94,10 +94,12 @@ def throughput_svg(now: Any, width: int = 600, height: int = 120) -> str:
         for i, c in enumerate(counts)
     )
     return format_html(
-        '<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" aria-label="jobs per minute">'
+        '<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
+        'aria-label="jobs per minute">'
         '<rect width="{w}" height="{h}" fill="#f8fafc" stroke="#dde1e8"/>'
         '<polyline fill="none" stroke="#3451d1" stroke-width="2" points="{p}"/>'
-        '<text x="4" y="12" font-size="11" fill="#667085">peak {peak}/min, last 60 min</text></svg>',
+        '<text x="4" y="12" font-size="11" fill="#667085">peak {peak}/min, last 60 min</text>'
+        "</svg>",
         w=width,
         h=height,
         p=points,

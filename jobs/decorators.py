@@ -57,7 +57,9 @@ def job(
         celery_options.setdefault("ignore_result", True)
 
     def decorate(func: Callable[..., Any]) -> PlatformTask:
-        return shared_task(  # type: ignore[no-any-return]
+        # celery-types' overloads want name: str and int time limits; Celery takes None (a
+        # generated name) and float seconds. (misc: mypy's "too many unions" on that failure.)
+        return shared_task(  # type: ignore[call-overload,misc]
             base=PlatformTask,
             name=name,
             bind=bind,

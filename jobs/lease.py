@@ -83,7 +83,7 @@ class LeaseRenewer:
             held = services.job_renew_lease(
                 job_id=lease.job_id, attempt=lease.attempt, lease_seconds=lease.lease_seconds
             )
-        except Exception as exc:  # the next renewal may succeed; two misses lapse it
+        except Exception as exc:  # noqa: BLE001 - the next renewal may succeed; two misses lapse it
             logger.warning("Could not renew the lease of job %s: %s", lease.job_id, exc)
             connections.close_all()
             return

@@ -306,13 +306,14 @@ class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
                 continue
             if key not in DEAD_LETTER_FILTERS:
                 raise ValueError(f"Unknown dead-letter filter {key!r}")
-            if key == "search":
+            lookup = DEAD_LETTER_FILTERS[key]
+            if lookup is None:  # "search"
                 try:
                     queryset = queryset.filter(job_id_value=uuid.UUID(str(value)))
                 except ValueError:
                     queryset = queryset.filter(exception_message__icontains=value)
             else:
-                queryset = queryset.filter(**{DEAD_LETTER_FILTERS[key]: value})
+                queryset = queryset.filter(**{lookup: value})
         return queryset
 
 

@@ -83,7 +83,7 @@ def workers_detail() -> dict[str, dict[str, Any]]:
         return json.loads(cached)
     inspect = current_app.control.inspect(timeout=1.0)
     queues = inspect.active_queues() or {}
-    stats = inspect.stats() or {} if queues else {}
+    stats: dict[str, Any] = inspect.stats() or {} if queues else {}
     workers = {
         host: {
             "queues": sorted(q["name"] for q in host_queues),
@@ -103,7 +103,7 @@ def workers_online() -> dict[str, list[str]]:
 def _check(fn: Any) -> tuple[bool, Any]:
     try:
         return True, fn()
-    except Exception as exc:  # a health check reports failures, it does not raise them
+    except Exception as exc:  # noqa: BLE001 - a health check reports failures, never raises
         logger.warning("Health check %s failed: %s", getattr(fn, "__name__", fn), exc)
         return False, f"unavailable ({type(exc).__name__})"
 

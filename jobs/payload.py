@@ -49,7 +49,8 @@ def payload_check(*, task_name: str, args: tuple | list, kwargs: dict, max_bytes
     if size > max_bytes:
         raise PayloadTooLarge(
             f"Cannot enqueue {task_name}: arguments are {size} bytes as JSON, over the "
-            f"{max_bytes}-byte limit (BACKLOT['MAX_PAYLOAD_BYTES']); store the data and pass its id."
+            f"{max_bytes}-byte limit (BACKLOT['MAX_PAYLOAD_BYTES']); "
+            "store the data and pass its id."
         )
     return size
 

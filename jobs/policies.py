@@ -98,7 +98,7 @@ class RetryPolicy:
         """Whether a failure of run number `attempt` (1-based) earns another run."""
         if attempt >= self.max_attempts:
             return False
-        if isinstance(exc, Permanent) or isinstance(exc, self.give_up_on):
+        if isinstance(exc, (Permanent, *self.give_up_on)):
             return False
         # Retryable (and Celery's self.retry()) always means "try again" while attempts remain.
         return isinstance(exc, (Retryable, *self.retry_on))

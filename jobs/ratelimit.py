@@ -39,7 +39,8 @@ else
   wait = 0
 end
 local new_tat = tat + interval
-redis.call('SET', KEYS[1], string.format('%.6f', new_tat), 'PX', math.ceil((new_tat - now) * 1000) + 1000)
+redis.call('SET', KEYS[1], string.format('%.6f', new_tat),
+  'PX', math.ceil((new_tat - now) * 1000) + 1000)
 return {verdict, tostring(wait)}
 """
 
@@ -77,6 +78,11 @@ def redis_client() -> redis.Redis:
     return redis.Redis.from_url(
         settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2, health_check_interval=25
     )
+
+
+def redis_text(value: bytes | str) -> str:
+    """A reply of redis_client() as text: it answers bytes, redis-py types replies bytes | str."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class RateLimiter:

@@ -8,7 +8,7 @@ message is acked or requeued.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Retry
@@ -21,10 +21,23 @@ from . import services, telemetry
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
+if TYPE_CHECKING:
+    from celery import Task
+    from celery.app.task import Context
+
+    from .base import PlatformTask
+
 logger = logging.getLogger(__name__)
 
 
 class PlatformRequest(Request):
+    # Set by celery.worker.request.Request but missing from celery-types' stub.
+    _task: Task[Any, Any]
+    _request_dict: dict[str, Any]
+    _context: Context
+    _already_cancelled: bool
+    _already_revoked: bool
+
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
         # A tracked job's return value goes into its ledger row (one UPDATE at finish), so the
@@ -63,7 +76,8 @@ class PlatformRequest(Request):
                 services.job_release(job_id=self.id)
             except Exception:
                 logger.exception("Could not release the claim of cancelled job %s", self.id)
-        super()._announce_cancelled(emit_retry=emit_retry)
+        # Request._announce_cancelled exists in Celery but not in celery-types' stub.
+        super()._announce_cancelled(emit_retry=emit_retry)  # type: ignore[misc]
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft and self._backlot_retrying:
@@ -80,7 +94,7 @@ class PlatformRequest(Request):
 
     def _hard_time_limit(self, killed: BaseException) -> bool:
         """Record the kill as a failed attempt; True when a retry was scheduled."""
-        task = self.task
+        task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
         timeout = getattr(killed, "args", [None])[0] if getattr(killed, "args", None) else "?"
         exc = TimeLimitHit(f"hard time limit of {timeout}s exceeded; the process was killed")
         try:
@@ -119,7 +133,7 @@ class PlatformRequest(Request):
                     f"worker process died {crashes} times running this job: {exc}"
                 )
                 services.dead_letter_create(
-                    task=self.task,
+                    task=cast("PlatformTask", self.task),  # PlatformTask's Request class
                     job_id=self.id,
                     args=self.args,
                     kwargs=self.kwargs,
@@ -134,10 +148,10 @@ class PlatformRequest(Request):
                     "dead",
                     job_id=self.id,
                     task=self.task.name,
-                    queue=(self.delivery_info or {}).get("routing_key", ""),
+                    queue=(self.delivery_info or {}).get("routing_key") or "",
                     attempt=job.attempts if job else crashes,
                 )
-                self.task.gave_up(reason, tuple(self.args), dict(self.kwargs))
+                cast("PlatformTask", self.task).gave_up(reason, tuple(self.args), dict(self.kwargs))
         except Exception:
             logger.exception("Could not record the worker loss of job %s", self.id)
 

@@ -510,7 +510,7 @@ def job_retry_later(
         failed_at=now,
         run_seconds=run_seconds,
         error=f"{name}: {message}",
-        failures=(failures + [_failure_entry(attempt, exc, now)])[-MAX_FAILURES_KEPT:],
+        failures=[*failures, _failure_entry(attempt, exc, now)][-MAX_FAILURES_KEPT:],
     )
     return due if updated else None
 
@@ -573,23 +573,23 @@ def dead_letter_create(
         dead_letter, _ = DeadLetter.objects.update_or_create(
             job_id_value=job_id,
             status=DeadLetterStatus.DEAD,
-            defaults=dict(
-                job=job,
-                task_name=task.name,
-                args=list(args),
-                kwargs=dict(kwargs),
-                queue=job.queue if job else (queue or task.queue_name),
-                priority=job.priority
+            defaults={
+                "job": job,
+                "task_name": task.name,
+                "args": list(args),
+                "kwargs": dict(kwargs),
+                "queue": job.queue if job else (queue or task.queue_name),
+                "priority": job.priority
                 if job
                 else (priority if priority is not None else task.default_priority),
-                owner_id=job.owner_id if job else None,
-                attempts=attempt,
-                exception_class=name,
-                exception_message=message,
-                traceback=tb,
-                first_failed_at=first_failed,
-                last_failed_at=now,
-            ),
+                "owner_id": job.owner_id if job else None,
+                "attempts": attempt,
+                "exception_class": name,
+                "exception_message": message,
+                "traceback": tb,
+                "first_failed_at": first_failed,
+                "last_failed_at": now,
+            },
         )
     return dead_letter
 
@@ -658,7 +658,8 @@ def dead_letter_replay_many(
     """
     from .registry import task_by_name
 
-    outcome = BulkOutcome(errors=[])
+    errors: list[str] = []
+    outcome = BulkOutcome(errors=errors)
     ids = list(
         queryset.filter(status=DeadLetterStatus.DEAD)
         .order_by("pk")
@@ -681,7 +682,7 @@ def dead_letter_replay_many(
                 try:
                     task = task_by_name(task_name)
                 except UnknownTask as exc:
-                    outcome.errors.append(str(exc))
+                    errors.append(str(exc))
                     outcome.skipped += len(group)
                     continue
                 job_enqueue_many(

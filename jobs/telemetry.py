@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from .ratelimit import redis_client
+from .ratelimit import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 job_logger = logging.getLogger("backlot.jobs")
@@ -32,14 +32,14 @@ def record_outcome(task: str, state: str, run_seconds: float | None) -> None:
             pipe.hincrbyfloat(key, "sum", run_seconds)
             pipe.hincrby(key, "count", 1)
         pipe.execute()
-    except Exception as exc:  # metrics must never fail a job
+    except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
         logger.debug("Could not record metrics for %s: %s", task, exc)
 
 
 def record_rate_limited(task: str) -> None:
     try:
         redis_client().hincrby(RATE_LIMITED, task, 1)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
         logger.debug("Could not record a rate-limit wait for %s: %s", task, exc)
 
 
@@ -51,21 +51,21 @@ def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         labels=["task", "state"],
     )
     for field, count in client.hgetall(FINISHED).items():
-        task, _, state = field.decode().partition("\t")
+        task, _, state = redis_text(field).partition("\t")
         finished.add_metric([task, state], int(count))
     yield finished
     waits = CounterMetricFamily(
         "backlot_rate_limit_waits", "Times a job waited for a rate-limit token.", labels=["task"]
     )
-    for task, count in client.hgetall(RATE_LIMITED).items():
-        waits.add_metric([task.decode()], int(count))
+    for field, count in client.hgetall(RATE_LIMITED).items():
+        waits.add_metric([redis_text(field)], int(count))
     yield waits
     runtime = HistogramMetricFamily(
         "backlot_job_run_seconds", "Run time of job attempts.", labels=["task"]
     )
     for key in client.scan_iter(match=RUNTIME + "*", count=500):
         task = key.decode()[len(RUNTIME) :]
-        values = {k.decode(): v for k, v in client.hgetall(key).items()}
+        values = {redis_text(k): v for k, v in client.hgetall(key).items()}
         cumulative, buckets = 0, []
         for bound in [*map(str, BUCKETS), "+Inf"]:
             cumulative += int(values.get(bound, 0))

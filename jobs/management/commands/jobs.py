@@ -95,7 +95,7 @@ class Command(BaseCommand):
             lines.append(
                 "  ".join(
                     cell.ljust(w) if i == 0 else cell.rjust(w)
-                    for i, (cell, w) in enumerate(zip(row, widths))
+                    for i, (cell, w) in enumerate(zip(row, widths, strict=True))
                 )
             )
             if index == 0:
@@ -105,7 +105,8 @@ class Command(BaseCommand):
         lines.append(f"Workers ({len(workers)}):")
         for host, detail in workers.items():
             lines.append(
-                f"  {host}  queues={','.join(detail['queues'])}  concurrency={detail['concurrency']}"
+                f"  {host}  queues={','.join(detail['queues'])}"
+                f"  concurrency={detail['concurrency']}"
             )
         return "\n".join(lines) + "\n"
 
@@ -180,7 +181,7 @@ def _relay_loop(interval: float, once: bool, out: Any) -> None:
         close_old_connections()
         try:
             sent = services.job_relay()
-        except Exception as exc:  # the database is away: try again next sweep
+        except Exception as exc:  # noqa: BLE001 - the database is away: try again next sweep
             out.write(f"relay: sweep failed ({type(exc).__name__}); retrying")
             sent = 0
         if sent:
