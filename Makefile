@@ -10,7 +10,7 @@ export PYTEST_ARGS
 
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
-	@echo "make test     start test Redis :6390 and PostgreSQL :54329, run pytest (PYTEST_ARGS=...), stop them"
+	@echo "make test     make lint, then test Redis :6390 and PostgreSQL :54329 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
 	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: a test Redis (:6390) and PostgreSQL (:54329) under .data/, then pytest.
+# `make test`: the lint gate (scripts/lint.sh), then a test Redis (:6390) and PostgreSQL
+# (:54329) under .data/ and pytest; as root, the multi-host test (tests/scale) too.
 # Services started here are stopped afterwards, whatever happens; the exit status is
 # pytest's. Extra arguments (or PYTEST_ARGS) go to pytest.
 set -euo pipefail
@@ -29,6 +30,10 @@ trap 'exit 143' TERM
 mkdir -p .data
 rm -f "$STATUS_FILE"
 
+# The lint gate runs first and fails the run, but the tests still run: one pass shows both.
+lint_rc=0
+bash scripts/lint.sh || lint_rc=$?
+
 if ! bash scripts/services.sh redis-status "$TEST_REDIS_DATA" >/dev/null 2>&1; then
     started_redis=1   # set first: an interrupted start is still cleaned up
 fi
@@ -54,11 +59,22 @@ export DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot"
 export REDIS_URL="$TEST_REDIS_URL"
 export PATH="$PWD/.venv/bin:$PATH"
 
+# tests/scale builds Linux network namespaces: it needs root and `ip netns` (CI has both).
+if is_root && command -v ip >/dev/null 2>&1 && ip netns list >/dev/null 2>&1; then
+    export BACKLOT_SCALE_TEST=1
+else
+    log "not root or no \`ip netns\`: tests/scale (multi-host) left out; run \`make test-scale\` as root"
+fi
+
 # PYTEST_ARGS is split on whitespace (no globbing); arguments to this script are kept as given.
 read -r -a args <<<"${PYTEST_ARGS:-}"
 args+=("$@")
 log "pytest ${args[*]}"
 rc=0
 .venv/bin/pytest "${args[@]}" || rc=$?
+if [[ $rc -eq 0 && $lint_rc -ne 0 ]]; then
+    log "tests passed but the lint gate failed (see the ruff/mypy output above)"
+    rc=1
+fi
 echo "$rc" >"$STATUS_FILE"
 exit "$rc"
