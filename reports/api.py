@@ -109,7 +109,7 @@ def report_detail(request: AuthenticatedRequest, report_id: int) -> dict[str, An
 
 @router.get(
     "/{int:report_id}/download",
-    response={200: None, 404: ReportErrorOut, 409: ReportErrorOut},
+    response={404: ReportErrorOut, 409: ReportErrorOut},  # 200: the PDF, in openapi_extra
     url_name="report_download",
     openapi_extra={
         "responses": {"200": {"description": "The PDF", "content": {"application/pdf": {}}}}
