@@ -276,7 +276,7 @@ BACKLOT: BacklotSettings = {
     "IDEMPOTENCY_TTL": int(os.environ.get("BACKLOT_IDEMPOTENCY_TTL", str(24 * 3600))),
     # Progress writes from one job are at most this often (seconds); 100,000 steps cost ~1 write
     # per interval instead of 100,000 UPDATEs.
-    "PROGRESS_INTERVAL": float(os.environ.get("BACKLOT_PROGRESS_INTERVAL", "0.5")),
+    "PROGRESS_INTERVAL": float(os.environ.get("BACKLOT_PROGRESS_INTERVAL", "1.0")),
     # Delays up to this many seconds ride in Redis as a countdown; longer ones wait in the
     # ledger as scheduled rows and are published when due.
     "MAX_BROKER_COUNTDOWN": int(os.environ.get("BACKLOT_MAX_BROKER_COUNTDOWN", "900")),
