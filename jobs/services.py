@@ -161,13 +161,13 @@ def job_enqueue(
         )
         return JobHandle(id=str(job.id), task_name=task.name)
 
-    with transaction.atomic():
-        if idempotency_key:
+    if idempotency_key:
+        with transaction.atomic():
             holder = _take_idempotency_key(job=job, key=idempotency_key, now=now)
-            if holder is not None:
-                return JobHandle(id=str(holder.id), task_name=task.name, created=False)
-        else:
-            job.save(force_insert=True)
+        if holder is not None:
+            return JobHandle(id=str(holder.id), task_name=task.name, created=False)
+    else:
+        job.save(force_insert=True)  # one INSERT is atomic on its own: no BEGIN/COMMIT trip
     if _publishes_now(job, now):
         _on_commit_or_now(
             on_commit, lambda: job_publish(job=job, task=task, options=publish_options)
