@@ -13,7 +13,9 @@ export PATH="$PWD/.venv/bin:$PATH"
 export DEBUG="${DEBUG:-1}"
 # Laptop-sized workers (the Procfile's defaults are production sizes): 6 pool processes in
 # all, enough to see every queue move on 2 cores. .env or the environment can raise them.
-export WORKER_DEFAULT_CONCURRENCY="${WORKER_DEFAULT_CONCURRENCY:-2}"
+export WORKER_DEFAULT_CONCURRENCY="${WORKER_DEFAULT_CONCURRENCY:-1}"
+# One short-job worker per core, as docker-compose.yml's deploy.replicas.
+export WORKER_DEFAULT_REPLICAS="${WORKER_DEFAULT_REPLICAS:-2}"
 export WORKER_EMAILS_CONCURRENCY="${WORKER_EMAILS_CONCURRENCY:-2}"
 export WORKER_REPORTS_CONCURRENCY="${WORKER_REPORTS_CONCURRENCY:-1}"
 export WORKER_MEDIA_CONCURRENCY="${WORKER_MEDIA_CONCURRENCY:-1}"
@@ -79,7 +81,7 @@ else
 fi
 # In the background so that this script sees signals at once and can forward them;
 # honcho installs its own SIGINT/SIGTERM handlers and stops all its processes.
-.venv/bin/honcho start -f Procfile &
+.venv/bin/honcho start -f Procfile -c "worker-default=$WORKER_DEFAULT_REPLICAS" &
 honcho_pid=$!
 rc=0
 wait "$honcho_pid" || rc=$?

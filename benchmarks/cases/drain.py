@@ -13,6 +13,7 @@ import re
 import shlex
 from typing import Any
 
+import yaml
 from django.conf import settings
 from django.db import connection, transaction
 
@@ -234,11 +235,14 @@ def _expand_variable(match: re.Match[str]) -> str:
 
 
 def shipped_worker_lines() -> list[list[str]]:
-    """The `celery ... worker` command lines of the Procfile (what `make run` starts),
-    as worker arguments, with ${VAR:-default} expanded from the environment."""
+    """The `celery ... worker` command lines of the Procfile that consume the default queue
+    (what `make run` starts), as worker arguments with ${VAR:-default} expanded from the
+    environment, each repeated as many times as it runs (docker-compose.yml's deploy.replicas,
+    which scripts/run.sh passes to honcho)."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     lines = []
     for raw in (ROOT / "Procfile").read_text().splitlines():
-        _, _, command = raw.partition(":")
+        name, _, command = raw.partition(":")
         if not command.strip() or raw.lstrip().startswith("#"):
             continue
         command = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", _expand_variable, command)
@@ -248,7 +252,9 @@ def shipped_worker_lines() -> list[list[str]]:
         args = argv[argv.index("worker") + 1 :]
         if "default" not in _queues_of(args):
             continue  # the no-op jobs are short jobs: what the default queue's workers give
-        lines.append(_without_hostname(args))
+        replicas = str(compose.get(name.strip(), {}).get("deploy", {}).get("replicas", 1))
+        count = int(re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", _expand_variable, replicas))
+        lines += [_without_hostname(args)] * count
     return lines
 
 

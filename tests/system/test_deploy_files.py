@@ -183,7 +183,9 @@ def test_workers_have_distinct_node_names_and_their_healthcheck_pings_them() -> 
     for service, args in workers().items():
         node = option(args, "-n", "--hostname")
         assert node and node.endswith("@%h"), f"{service}: name the node <queue>@%h, got {node}"
-        names[service] = node.split("@")[0]
+        # worker-default's name comes from honcho's HONCHO_PROCESS_NAME under make run (one
+        # process per core); in compose the variable is unset and each replica has its host.
+        names[service] = default_of(node.split("@")[0])
         probe = command_text(services()[service]["healthcheck"]["test"])
         assert f"inspect ping -d {names[service]}@$HOSTNAME" in probe, service
 
@@ -197,7 +199,19 @@ def test_worker_concurrency_comes_from_the_environment_with_a_default() -> None:
         assert int(default_of(concurrency)) >= 1, service
 
     _, default_worker = worker_for("default")
-    assert option(default_worker, "-c", "--concurrency") == "${WORKER_DEFAULT_CONCURRENCY:-2}"
+    assert option(default_worker, "-c", "--concurrency") == "${WORKER_DEFAULT_CONCURRENCY:-1}"
+
+
+def test_short_jobs_get_one_worker_process_per_core_in_compose_and_make_run() -> None:
+    # A short job's ceiling is its worker's main process (make bench, case "layout"), so the
+    # default queue runs several single-process workers rather than one wider pool.
+    service, args = worker_for("default")
+    replicas = str(services()[service]["deploy"]["replicas"])
+    assert replicas == "${WORKER_DEFAULT_REPLICAS:-2}"
+    assert option(args, "-n", "--hostname") == "${HONCHO_PROCESS_NAME:-default}@%h"
+    run_sh = (ROOT / "scripts" / "run.sh").read_text()
+    assert f'-c "{service}=$WORKER_DEFAULT_REPLICAS"' in run_sh
+    assert 'WORKER_DEFAULT_REPLICAS="${WORKER_DEFAULT_REPLICAS:-2}"' in run_sh
 
 
 @pytest.mark.parametrize("queue", LONG_JOB_QUEUES)
