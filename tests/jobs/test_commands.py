@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import uuid
 from datetime import timedelta
 
 import pytest
 from django.core import mail
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from jobs.alerts import alerts_check
@@ -147,3 +148,17 @@ def test_relay_once_publishes_the_outbox(clean_redis):
 
     assert "relay: published 1 job(s)" in out
     assert sum(redis_client().llen(k) for k in broker_queue_keys("reports")) == 1
+
+
+def test_relay_alive_answers_from_the_last_sweep(clean_redis):
+    from jobs.management.commands.jobs import RELAY_HEARTBEAT
+
+    with pytest.raises(CommandError, match="last sweep never"):
+        run("relay", "--alive")
+
+    run("relay", "--once")
+
+    assert "relay: alive" in run("relay", "--alive")
+    redis_client().set(RELAY_HEARTBEAT, repr(time.time() - 120))
+    with pytest.raises(CommandError, match=r"last sweep 12[0-9]s ago"):
+        run("relay", "--alive", "30")

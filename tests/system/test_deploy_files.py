@@ -254,6 +254,10 @@ def test_exactly_one_beat() -> None:
 
 def test_the_outbox_relay_runs() -> None:
     assert command_text(services()["relay"]["command"]) == "python manage.py jobs relay"
+    # Alive means sweeping, not merely reachable: the relay records each finished sweep.
+    assert command_text(services()["relay"]["healthcheck"]["test"]).endswith(
+        "manage.py jobs relay --alive 30"
+    )
 
 
 # --- health, restarts, infrastructure ---------------------------------------------------------

@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
+from redis.exceptions import RedisError
 
 from jobs import services
 from jobs.dashboard import dashboard_data
 from jobs.masking import mask_text
 from jobs.models import DeadLetter
+from jobs.ratelimit import redis_client
 from jobs.retention import retention_purge
+
+logger = logging.getLogger(__name__)
+# When the relay last finished a sweep (a Unix time); read by `jobs relay --alive`.
+RELAY_HEARTBEAT = "backlot:relay:heartbeat"
 
 COLUMNS = [
     ("queue", "name"),
@@ -61,6 +68,15 @@ class Command(BaseCommand):
         )
         relay.add_argument("--interval", type=float, default=1.0, help="Seconds between sweeps.")
         relay.add_argument("--once", action="store_true", help="One sweep, then exit.")
+        relay.add_argument(
+            "--alive",
+            type=float,
+            nargs="?",
+            const=30.0,
+            metavar="SECONDS",
+            help="Healthcheck: exit 0 if a relay finished a sweep in the last SECONDS (30), "
+            "else fail. Sweeps nothing.",
+        )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         getattr(self, f"do_{action}")(**options)
@@ -153,8 +169,18 @@ class Command(BaseCommand):
         self.stdout.write(f"Discarded {count} dead letter(s).")
 
     # --- relay --------------------------------------------------------------------------
-    def do_relay(self, interval: float = 1.0, once: bool = False, **_: Any) -> None:
+    def do_relay(
+        self, interval: float = 1.0, once: bool = False, alive: float | None = None, **_: Any
+    ) -> None:
         """Publish what the ledger holds back (outbox, due jobs, expired leases), every second."""
+        if alive is not None:
+            raw = redis_client().get(RELAY_HEARTBEAT)
+            age = time.time() - float(raw) if raw is not None else None
+            if age is None or age > alive:
+                seen = "never" if age is None else f"{age:.0f}s ago"
+                raise CommandError(f"relay: last sweep {seen} (allowed: {alive:.0f}s)")
+            self.stdout.write(f"relay: alive, last sweep {age:.1f}s ago")
+            return
         _relay_loop(interval, once, self.stdout)
 
     # --- purge --------------------------------------------------------------------------
@@ -184,11 +210,21 @@ def _relay_loop(interval: float, once: bool, out: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - the database is away: try again next sweep
             out.write(f"relay: sweep failed ({type(exc).__name__}); retrying")
             sent = 0
+        else:
+            _heartbeat(interval)
         if sent:
             out.write(f"relay: published {sent} job(s)")
         if once:
             return
         time.sleep(interval)
+
+
+def _heartbeat(interval: float) -> None:
+    """Record a finished sweep for `relay --alive` (the compose healthcheck)."""
+    try:
+        redis_client().set(RELAY_HEARTBEAT, repr(time.time()), ex=max(60, int(interval * 10)))
+    except RedisError as exc:  # Redis is away: the healthcheck will say so
+        logger.warning("relay: could not record its heartbeat: %s", exc)
 
 
 def _json(data: Any) -> str:
