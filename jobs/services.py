@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Subquery
+from django.db.models import F, OuterRef, Q, Subquery
 from django.urls import reverse
 from django.utils import timezone
 from kombu.exceptions import KombuError
@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 MAX_FAILURES_KEPT = 20
 # The relay leaves a fresh unpublished row alone this long: its on-commit publish is in flight.
 RELAY_GRACE = timedelta(seconds=10)
+# A job still waiting this long after it was published (or became due) while its queue is empty
+# in Redis has lost its message.
+RELAY_LOST_AFTER = timedelta(seconds=30)
 # Message options that tie a job into a canvas; kept on the ledger row so a relayed job keeps them.
 CANVAS_OPTIONS = frozenset(
     {"link", "link_error", "chain", "chord", "group_id", "group_index", "root_id", "parent_id"}
@@ -267,6 +270,42 @@ def job_publish(
     return True
 
 
+def _waiting_but_due(now: datetime) -> Any:
+    """Jobs that wait for a worker and may run now: queued, or scheduled/retrying and due."""
+    return Job.objects.filter(
+        Q(state=JobState.QUEUED)
+        | Q(
+            state__in=(JobState.SCHEDULED, JobState.RETRYING),
+            scheduled_for__lt=now - RELAY_LOST_AFTER,
+        )
+    )
+
+
+def _idle_queues() -> list[str]:
+    """Backlot's queues that hold no message in Redis, when nothing is unacknowledged either."""
+    from .monitoring import broker_queue_keys
+    from .ratelimit import redis_client
+
+    try:
+        client = redis_client()
+        if client.hlen("unacked"):
+            return []
+        keys = {queue: broker_queue_keys(queue) for queue in settings.BACKLOT_QUEUES}
+        pipe = client.pipeline(transaction=False)
+        for queue_keys in keys.values():
+            for key in queue_keys:
+                pipe.llen(key)
+        lengths = pipe.execute()
+        idle, start = [], 0
+        for queue, queue_keys in keys.items():
+            if not any(lengths[start : start + len(queue_keys)]):
+                idle.append(queue)
+            start += len(queue_keys)
+        return idle
+    except (RedisError, OSError):
+        return []
+
+
 def job_relay(*, limit: int = 500) -> int:
     """Publish what the ledger holds back: the outbox, due scheduled jobs, and expired leases.
 
@@ -278,12 +317,21 @@ def job_relay(*, limit: int = 500) -> int:
     Job.objects.filter(state=JobState.RUNNING, lease_expires_at__lt=now).update(
         state=JobState.QUEUED, lease_expires_at=None, published_at=None
     )
-    # Reconcile: a queued job published longer ago than Redis would take to redeliver it was
-    # lost by the broker (restart without AOF, FLUSHDB, a pop without ack): send it again.
+    # Reconcile: a waiting job (queued, or a scheduled/retrying one whose time has come)
+    # published longer ago than Redis would take to redeliver it was lost by the broker
+    # (restart without AOF, FLUSHDB, a pop without ack, a worker killed holding it): send it
+    # again. A retry's message is as mortal as a first one.
     visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
-    Job.objects.filter(
-        state=JobState.QUEUED, published_at__lt=now - timedelta(seconds=visibility + 60)
-    ).update(published_at=None)
+    _waiting_but_due(now).filter(published_at__lt=now - timedelta(seconds=visibility + 60)).update(
+        published_at=None
+    )
+    # Sooner where the broker shows it: a queue with no message at all (none waiting, none
+    # taken and unacknowledged anywhere) cannot be holding the message of a job that waits on
+    # it past its time.
+    for queue in _idle_queues():
+        _waiting_but_due(now).filter(queue=queue, published_at__lt=now - RELAY_LOST_AFTER).update(
+            published_at=None
+        )
     pending = list(
         Job.objects.unpublished()
         .filter(enqueued_at__lt=now - RELAY_GRACE)

@@ -150,6 +150,39 @@ def test_relay_once_publishes_the_outbox(clean_redis):
     assert sum(redis_client().llen(k) for k in broker_queue_keys("reports")) == 1
 
 
+def test_relay_resends_a_retry_whose_message_was_lost(clean_redis):
+    from jobs.monitoring import broker_queue_keys
+
+    # given: a retrying job, due a minute ago, published, but its message is gone from Redis
+    handle = tasks.prioritized.enqueue("k", "a")
+    a_minute_ago = timezone.now() - timedelta(minutes=1)
+    Job.objects.filter(id=handle.id).update(
+        state=JobState.RETRYING, attempts=1, scheduled_for=a_minute_ago, published_at=a_minute_ago
+    )
+    redis_client().delete(*broker_queue_keys("reports"))
+
+    # when: the relay sweeps while nothing is queued or unacknowledged
+    out = run("relay", "--once")
+
+    # then: the job's message is back in its queue
+    assert "relay: published 1 job(s)" in out
+    assert sum(redis_client().llen(k) for k in broker_queue_keys("reports")) == 1
+
+
+def test_relay_leaves_a_waiting_job_alone_while_its_queue_holds_messages(clean_redis):
+    from jobs.monitoring import broker_queue_keys
+
+    first = tasks.prioritized.enqueue("k", "a")
+    tasks.prioritized.enqueue("k", "b")
+    a_minute_ago = timezone.now() - timedelta(minutes=1)
+    Job.objects.filter(id=first.id).update(published_at=a_minute_ago)
+
+    out = run("relay", "--once")
+
+    assert "published" not in out  # the queue is not empty: the message may be in it
+    assert sum(redis_client().llen(k) for k in broker_queue_keys("reports")) == 2
+
+
 def test_relay_alive_answers_from_the_last_sweep(clean_redis):
     from jobs.management.commands.jobs import RELAY_HEARTBEAT
 
