@@ -13,7 +13,7 @@ import contextlib
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
 from django.core import checks
@@ -25,7 +25,6 @@ from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResu
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from django_tasks.signals import task_enqueued, task_finished, task_started
 from django_tasks.utils import normalize_json
-from typing_extensions import ParamSpec
 
 from . import services
 from .base import PlatformTask
