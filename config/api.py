@@ -10,9 +10,9 @@ from ninja.security import django_auth
 
 from emails.api import router as emails_router
 from jobs.api import router as jobs_router
-from jobs.auth import TokenAuth
 from media_pipeline.api import router as videos_router
 from reports.api import router as reports_router
+from web.auth import TokenAuth
 
 api = NinjaAPI(
     title="Backlot API", version="1", auth=[TokenAuth(), django_auth], urls_namespace="api-1"

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "emails",
     "reports",
     "media_pipeline",
+    "web",
 ]
 
 MIDDLEWARE = [
@@ -143,10 +144,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {
-            "()": "jobs.logs.MaskingFormatter",
+            "()": "web.logs.MaskingFormatter",
             "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
         },
-        "json": {"()": "jobs.logs.JsonFormatter"},
+        "json": {"()": "web.logs.JsonFormatter"},
     },
     "handlers": {
         "console": {

@@ -11,4 +11,5 @@ urlpatterns = [
     path("reports/", include("reports.urls")),
     path("videos/", include("media_pipeline.urls")),
     path("", include("jobs.urls")),
+    path("", include("web.urls")),
 ]

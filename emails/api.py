@@ -13,7 +13,7 @@ from pydantic import EmailStr, Field
 
 from config.api_types import AuthenticatedRequest
 from jobs.exceptions import InvalidPayload
-from jobs.uploads import upload_limited
+from web.uploads import upload_limited
 
 from . import services
 from .models import Campaign, EmailMessage, RecipientImport

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from django.http import HttpRequest
 from ninja import Router, Schema
 from ninja.errors import HttpError
 
-from config.api_types import AuthenticatedRequest
-
 from .models import Job, JobState
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractBaseUser
+
 router = Router(tags=["jobs"])
+
+
+class AuthenticatedRequest(HttpRequest):
+    """For type checking only: a request that passed the API's auth, which leaves the user on
+    `auth`. A view still receives Django's own request object."""
+
+    auth: AbstractBaseUser
 
 
 class JobProgressOut(Schema):

@@ -411,47 +411,6 @@ class DeadLetter(models.Model):
         self.save(update_fields=["status", "replayed_job", "resolved_at", "resolved_by"])
 
 
-class ApiToken(models.Model):
-    """A bearer token for the JSON API; only its SHA-256 is stored."""
-
-    user = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.CASCADE,
-        related_name="api_tokens",
-        verbose_name="user",
-        help_text="The API acts as this user.",
-    )
-    name = models.CharField("name", max_length=100, help_text="What the token is for.")
-    key_hash = models.CharField(
-        "key hash", max_length=64, unique=True, help_text="SHA-256 of the key."
-    )
-    created_at = models.DateTimeField("created", default=timezone.now, help_text="Issued.")
-    last_used_at = models.DateTimeField(
-        "last used", null=True, blank=True, help_text="Last request."
-    )
-
-    class Meta:
-        verbose_name = "API token"
-        verbose_name_plural = "API tokens"
-
-    def __str__(self) -> str:
-        return f"{self.name} ({self.user})"
-
-    @staticmethod
-    def hash(key: str) -> str:
-        import hashlib
-
-        return hashlib.sha256(key.encode()).hexdigest()
-
-    @classmethod
-    def issue(cls, *, user: Any, name: str) -> tuple[ApiToken, str]:
-        """Create a token; the plain key is returned once and never stored."""
-        import secrets
-
-        key = secrets.token_urlsafe(32)
-        return cls.objects.create(user=user, name=name, key_hash=cls.hash(key)), key
-
-
 class AuditEntry(models.Model):
     """An operator action on jobs or dead letters: who, what, how many, when."""
 

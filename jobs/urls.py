@@ -3,7 +3,6 @@ from django.urls import path
 from . import views
 
 urlpatterns = [
-    path("", views.home, name="home"),
     path("health/", views.health, name="health"),
     path("metrics", views.metrics, name="metrics"),
     path("jobs/<uuid:job_id>/", views.job_page, name="job_page"),

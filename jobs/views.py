@@ -54,7 +54,3 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
     status_url = reverse("api-1:job_status", kwargs={"job_id": str(job.id)})
     return render(request, "jobs/job_detail.html", {"job": job, "status_url": status_url})
-
-
-def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html")

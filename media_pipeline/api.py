@@ -14,7 +14,7 @@ from ninja.files import UploadedFile
 from ninja.params import FileEx, FormEx
 
 from config.api_types import AuthenticatedRequest
-from jobs.uploads import upload_limited
+from web.uploads import upload_limited
 
 from . import services
 from .exceptions import InvalidUpload, UploadTooLarge

@@ -21,7 +21,7 @@ from django.db import transaction
 
 from jobs.models import Job
 from jobs.services import JobHandle
-from jobs.uploads import upload_limit_message
+from web.uploads import upload_limit_message
 
 from . import ffmpeg
 from .exceptions import InvalidUpload, NotAVideo, UploadTooLarge

@@ -26,7 +26,7 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
 from django.views.decorators.http import require_GET, require_http_methods
 
-from jobs.uploads import UploadCheck, limit_upload, upload_limit_message
+from web.uploads import UploadCheck, limit_upload, upload_limit_message
 
 from . import services
 from .exceptions import InvalidUpload, UploadTooLarge

@@ -32,7 +32,7 @@ from benchmarks.harness import (
     wait_until,
 )
 from benchmarks.sizes import SIZES
-from jobs.models import ApiToken
+from web.models import ApiToken
 
 
 def free_port() -> int:

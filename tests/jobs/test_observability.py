@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import logging
 
-from jobs.logs import JsonFormatter
 from jobs.models import Job, JobState
 from tests.conftest import wait_until
 from tests.support import tasks
+from web.logs import JsonFormatter
 
 
 def test_worker_logs_one_line_per_event_and_no_email_addresses(worker, unique):

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from jobs.models import ApiToken, Job
+from jobs.models import Job
 from media_pipeline.models import Video, VideoStatus
 from tests.media_pipeline.conftest import upload_file, video_factory
+from web.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 

@@ -8,8 +8,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from config.api import api
-from jobs.management.commands.api_docs import render_api_docs
 from tests.conftest import ROOT
+from web.management.commands.api_docs import render_api_docs
 
 
 def test_docs_api_md_is_current() -> None:

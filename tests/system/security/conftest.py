@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from jobs.models import ApiToken
 from tests.conftest import LOG_DIR
 from tests.system.security.logscan import (
     Finding,
@@ -23,6 +22,7 @@ from tests.system.security.logscan import (
     remembered_secrets,
     scan_file,
 )
+from web.models import ApiToken
 
 # When this conftest is not an initial one (`pytest tests`), pytest_sessionstart is not called
 # for it; it is imported at collection, still before any test starts a worker.

@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from jobs.models import ApiToken
+from web.models import ApiToken
 
 
 class Command(BaseCommand):

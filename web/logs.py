@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
-from .masking import mask_text
+from jobs import mask_text
 
 # Fields job log lines carry (see jobs.telemetry.job_event), emitted as JSON keys.
 JOB_FIELDS = ("event", "job_id", "task", "queue", "attempt", "duration", "outcome")
