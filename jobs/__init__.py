@@ -1,1 +1,114 @@
-"""Backlot's job platform: @job, retry policies, the job ledger, dead letters, rate limits."""
+"""Backlot's job platform: @job, retry policies, the job ledger, dead letters, rate limits.
+
+The names in ``__all__`` are the public API; a project imports them from ``jobs`` (and reads
+``jobs.models``), nothing else. They load on first use (PEP 562), so ``import jobs`` works
+before Django's app registry is ready (INSTALLED_APPS imports this package first).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# name -> the module that defines it
+_EXPORTS = {
+    "job": "jobs.decorators",
+    "RetryPolicy": "jobs.policies",
+    "DEFAULT_POLICY": "jobs.policies",
+    "DEFAULT_RETRY_ON": "jobs.policies",
+    "Permanent": "jobs.policies",
+    "Retryable": "jobs.policies",
+    "BacklotError": "jobs.exceptions",
+    "InvalidPayload": "jobs.exceptions",
+    "PayloadTooLarge": "jobs.exceptions",
+    "ReplayError": "jobs.exceptions",
+    "UnknownTask": "jobs.exceptions",
+    "BrokerUnavailable": "jobs.exceptions",
+    "effect_once": "jobs.effects",
+    "effect_applied": "jobs.effects",
+    "enqueue_many": "jobs.enqueue",
+    "JobHandle": "jobs.enqueue",
+    "dead_letter_replay": "jobs.deadletters",
+    "dead_letter_replay_many": "jobs.deadletters",
+    "dead_letter_discard": "jobs.deadletters",
+    "dead_letter_discard_many": "jobs.deadletters",
+    "events": "jobs.events",
+    "mask_email": "jobs.masking",
+    "mask_text": "jobs.masking",
+    "mask_value": "jobs.masking",
+    "json_problem": "jobs.payload",
+    "OwnedQuerySet": "jobs.ownership",
+    "ReadOnlyAdmin": "jobs.admin",
+    "backlot_settings": "jobs.conf",
+}
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "DEFAULT_RETRY_ON",
+    "BacklotError",
+    "BrokerUnavailable",
+    "InvalidPayload",
+    "JobHandle",
+    "OwnedQuerySet",
+    "PayloadTooLarge",
+    "Permanent",
+    "ReadOnlyAdmin",
+    "ReplayError",
+    "RetryPolicy",
+    "Retryable",
+    "UnknownTask",
+    "backlot_settings",
+    "dead_letter_discard",
+    "dead_letter_discard_many",
+    "dead_letter_replay",
+    "dead_letter_replay_many",
+    "effect_applied",
+    "effect_once",
+    "enqueue_many",
+    "events",
+    "job",
+    "json_problem",
+    "mask_email",
+    "mask_text",
+    "mask_value",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jobs' has no attribute {name!r}")
+    value = import_module(module) if name == "events" else getattr(import_module(module), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
+
+
+if TYPE_CHECKING:
+    from . import events
+    from .admin import ReadOnlyAdmin
+    from .conf import backlot_settings
+    from .deadletters import (
+        dead_letter_discard,
+        dead_letter_discard_many,
+        dead_letter_replay,
+        dead_letter_replay_many,
+    )
+    from .decorators import job
+    from .effects import effect_applied, effect_once
+    from .enqueue import JobHandle, enqueue_many
+    from .exceptions import (
+        BacklotError,
+        BrokerUnavailable,
+        InvalidPayload,
+        PayloadTooLarge,
+        ReplayError,
+        UnknownTask,
+    )
+    from .masking import mask_email, mask_text, mask_value
+    from .ownership import OwnedQuerySet
+    from .payload import json_problem
+    from .policies import DEFAULT_POLICY, DEFAULT_RETRY_ON, Permanent, Retryable, RetryPolicy

@@ -23,12 +23,14 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from . import services
+from . import deadletters
+from .conf import backlot_settings
 from .dashboard import dashboard_json, dashboard_view
 from .exceptions import BacklotError, InvalidPayload
 from .masking import mask_value
 from .models import AuditEntry, DeadLetter, Job
 from .payload import payload_check
+from .tasks import replay_matching
 
 # Beyond this many rows the changelist shows an estimate instead of COUNT(*): counting a
 # million rows on every page load costs ~100 ms on PostgreSQL; an EXPLAIN estimate ~1 ms.
@@ -145,7 +147,7 @@ class EditedReplayForm(forms.Form):
                     task_name=self.task_name,
                     args=data["args"],
                     kwargs=data["kwargs"],
-                    max_bytes=services.settings.BACKLOT["MAX_PAYLOAD_BYTES"],
+                    max_bytes=backlot_settings().MAX_PAYLOAD_BYTES,
                 )
             except InvalidPayload as exc:
                 raise forms.ValidationError(str(exc)) from None
@@ -276,8 +278,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     # --- actions ----------------------------------------------------------------------
     @admin.action(description="Replay selected dead letters", permissions=["replay"])
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        outcome = services.dead_letter_replay_many(queryset=queryset, by=request.user)
-        services.audit(
+        outcome = deadletters.dead_letter_replay_many(queryset=queryset, by=request.user)
+        deadletters.audit(
             user=request.user,
             action="replay",
             count=outcome.done,
@@ -294,8 +296,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Discard selected dead letters", permissions=["discard"])
     def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> None:
-        count = services.dead_letter_discard_many(queryset=queryset, by=request.user)
-        services.audit(
+        count = deadletters.dead_letter_discard_many(queryset=queryset, by=request.user)
+        deadletters.audit(
             user=request.user,
             action="discard",
             count=count,
@@ -345,12 +347,10 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         filters = self._filters_from(request)
         count = DeadLetter.objects.unresolved().matching(filters).count()
         if request.method == "POST":
-            from .tasks import replay_matching
-
-            handle = replay_matching.enqueue(
-                filters=filters, user_id=request.user.pk, owner=request.user
+            handle = replay_matching.using(owner=request.user).enqueue(
+                filters=filters, user_id=request.user.pk
             )
-            services.audit(
+            deadletters.audit(
                 user=request.user,
                 action="replay-matching",
                 count=count,
@@ -390,7 +390,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         form = EditedReplayForm(request.POST or None, initial=initial, task_name=row.task_name)
         if request.method == "POST" and form.is_valid():
             try:
-                handle = services.dead_letter_replay(
+                handle = deadletters.dead_letter_replay(
                     dead_letter=row,
                     by=request.user,
                     args=form.cleaned_data["args"],
@@ -399,7 +399,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             except BacklotError as exc:
                 form.add_error(None, str(exc))
             else:
-                services.audit(
+                deadletters.audit(
                     user=request.user,
                     action="replay-edited",
                     count=1,

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import re
 
-from django.conf import settings
 from django.core.mail import mail_admins
 
+from .conf import backlot_settings
 from .monitoring import health_report
-from .ratelimit import redis_client, redis_text
+from .redis import redis_client, redis_text
 
 logger = logging.getLogger("backlot.alerts")
 
@@ -30,7 +30,7 @@ def alerts_check() -> dict[str, list[str]]:
         details["checks"].get("problems", []) if status != "down" else ["database or Redis down"]
     )
     client = redis_client()
-    interval = settings.BACKLOT["ALERT_INTERVAL"]
+    interval = backlot_settings().ALERT_INTERVAL
     current = {cause_of(p): p for p in problems}
     fired, recovered = [], []
     for cause, problem in current.items():

@@ -7,4 +7,7 @@ class JobsConfig(AppConfig):
     verbose_name = "Jobs"
 
     def ready(self) -> None:
-        from . import checks, signals  # noqa: F401  (registers system checks and worker hooks)
+        # Imported here, not at module level: they need the app registry (models).
+        from . import checks, signals, telemetry  # noqa: F401  (system checks, worker hooks)
+
+        telemetry.connect()

@@ -2,7 +2,7 @@
 
 With TASKS = {"default": {"BACKEND": "jobs.backends.CeleryBackend"}}, `@task` functions run as
 Backlot jobs: `.enqueue()` writes a ledger row in the caller's transaction and publishes it on
-commit (jobs.services.job_enqueue), one platform job (`jobs.standard_task`) imports the task by
+commit (jobs.enqueue), one platform job (`jobs.standard_task`) imports the task by
 its module path and calls it on a worker, so retries, dead letters and status are the
 platform's, and `get_result()` reads the ledger row from any process. See docs/tasks-api.md.
 """
@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
-from django.conf import settings
 from django.core import checks
 from django.db import transaction
 from django.utils import timezone
@@ -26,13 +25,14 @@ from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 from django_tasks.signals import task_enqueued, task_finished, task_started
 from django_tasks.utils import normalize_json
 
-from . import services
-from .base import PlatformTask
+from . import enqueue
+from .conf import backlot_settings
 from .decorators import job
 from .exceptions import UnknownTask
 from .models import DeadLetter, Job, JobState
 from .payload import json_problem, payload_check
 from .policies import Permanent
+from .task import PlatformTask
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -74,7 +74,7 @@ def backlot_priority(priority: int) -> int:
 class CeleryBackend(BaseTaskBackend):
     """Runs Tasks API tasks as Backlot jobs on the Celery workers (see the module docstring).
 
-    QUEUES defaults to every queue Backlot declares (settings.BACKLOT_QUEUES); naming one that
+    QUEUES defaults to every queue Backlot declares (backlot_settings().QUEUES); naming one that
     Backlot does not declare fails `manage.py check`.
     """
 
@@ -85,16 +85,16 @@ class CeleryBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
-        self.queues = set(params.get("QUEUES") or settings.BACKLOT_QUEUES)
+        self.queues = set(params.get("QUEUES") or backlot_settings().QUEUES)
 
     def validate_task(self, task: Task) -> None:
-        declared = settings.BACKLOT_QUEUES
+        declared = backlot_settings().QUEUES
         if task.queue_name not in self.queues or task.queue_name not in declared:
             allowed = sorted(self.queues & set(declared))
             raise InvalidTaskError(
                 f"Queue {task.queue_name!r} of task {task.module_path} is not a queue Backlot's "
                 f"workers consume; use one of: {', '.join(allowed)} "
-                f"(settings.BACKLOT_QUEUES, TASKS[{self.alias!r}]['QUEUES'])."
+                f"(backlot_settings().QUEUES, TASKS[{self.alias!r}]['QUEUES'])."
             )
         super().validate_task(task)
 
@@ -107,7 +107,7 @@ class CeleryBackend(BaseTaskBackend):
         """Write the ledger row now (in the caller's transaction); publish after commit."""
         self.validate_task(task)
         json_args, json_kwargs = _json_arguments(task, args, kwargs)
-        handle = services.job_enqueue(
+        handle = enqueue.enqueue(
             task=standard_task,
             args=[task.module_path, json_args, json_kwargs],
             kwargs={
@@ -153,12 +153,12 @@ class CeleryBackend(BaseTaskBackend):
         return _task_result(row, task)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        unknown = sorted(self.queues - set(settings.BACKLOT_QUEUES))
+        unknown = sorted(self.queues - set(backlot_settings().QUEUES))
         if unknown:
             yield checks.Error(
                 f"TASKS[{self.alias!r}]['QUEUES'] names {', '.join(unknown)}, which Backlot "
                 "does not declare: no worker would consume them.",
-                hint=f"Use names from BACKLOT_QUEUES: {', '.join(settings.BACKLOT_QUEUES)}.",
+                hint=f"Use names from BACKLOT_QUEUES: {', '.join(backlot_settings().QUEUES)}.",
                 id="jobs.tasks.E001",
             )
 
@@ -171,7 +171,7 @@ def _json_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict
         task_name=task.module_path,
         args=list(args),
         kwargs=dict(kwargs),
-        max_bytes=settings.BACKLOT["MAX_PAYLOAD_BYTES"],
+        max_bytes=backlot_settings().MAX_PAYLOAD_BYTES,
     )
     return list(args), dict(kwargs)
 

@@ -13,10 +13,10 @@ import socket
 import uuid
 from typing import Any
 
-from django.conf import settings
 from django_celery_beat.schedulers import DatabaseScheduler
 
-from .ratelimit import redis_client, redis_text
+from .conf import backlot_settings
+from .redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ return 0
 class LeaderDatabaseScheduler(DatabaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.identity = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lock_ttl = int(settings.BACKLOT["BEAT_LOCK_TTL"])
+        self.lock_ttl = int(backlot_settings().BEAT_LOCK_TTL)
         self.leading = False
         super().__init__(*args, **kwargs)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib.admin import site
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
@@ -15,6 +14,7 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.utils.html import format_html
 
+from .conf import backlot_settings
 from .models import DeadLetter, Job, JobState
 from .monitoring import health_report, queue_stats, workers_detail
 
@@ -66,8 +66,8 @@ def dashboard_data() -> dict[str, Any]:
             "status": status,
             "problems": details["checks"].get("problems", []),
             "thresholds": {
-                "max_queue_depth": settings.BACKLOT["HEALTH_MAX_QUEUE_DEPTH"],
-                "max_wait_seconds": settings.BACKLOT["HEALTH_MAX_WAIT_SECONDS"],
+                "max_queue_depth": backlot_settings().HEALTH_MAX_QUEUE_DEPTH,
+                "max_wait_seconds": backlot_settings().HEALTH_MAX_WAIT_SECONDS,
             },
         },
         "queues": queues,

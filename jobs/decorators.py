@@ -3,13 +3,56 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from celery import shared_task
 
-from .base import PlatformTask, RateKey
 from .policies import DEFAULT_POLICY, RetryPolicy
 from .ratelimit import parse_rate
+from .task import PlatformTask, RateKey
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@overload
+def job(fn: Callable[P, R], /) -> PlatformTask[P, R]: ...
+
+
+@overload
+def job(
+    *,
+    name: str | None = ...,
+    queue: str = ...,
+    retry: RetryPolicy | None = ...,
+    time_limit: float | None = ...,
+    soft_time_limit: float | None = ...,
+    rate_limit: str | Mapping[str, str] | None = ...,
+    rate_key: RateKey | None = ...,
+    priority: int = ...,
+    track: bool = ...,
+    bind: Literal[False] = ...,
+    on_dead: Callable[[BaseException, tuple, dict], None] | None = ...,
+    **celery_options: Any,
+) -> Callable[[Callable[P, R]], PlatformTask[P, R]]: ...
+
+
+@overload
+def job(
+    *,
+    name: str | None = ...,
+    queue: str = ...,
+    retry: RetryPolicy | None = ...,
+    time_limit: float | None = ...,
+    soft_time_limit: float | None = ...,
+    rate_limit: str | Mapping[str, str] | None = ...,
+    rate_key: RateKey | None = ...,
+    priority: int = ...,
+    track: bool = ...,
+    bind: Literal[True],
+    on_dead: Callable[[BaseException, tuple, dict], None] | None = ...,
+    **celery_options: Any,
+) -> Callable[[Callable[Concatenate[Any, P], R]], PlatformTask[P, R]]: ...
 
 
 def job(
@@ -40,6 +83,9 @@ def job(
     and no stored result unless ignore_result=False is passed).
     on_dead(exc, args, kwargs) runs once the job gave up (after its dead letter is written),
     e.g. to mark the domain row failed.
+
+    The result is typed PlatformTask[P, R]: `.enqueue(...)`, `.delay(...)` and the function
+    call itself are checked against the function's parameters (without `self` when bind=True).
     """
     if not 0 <= priority <= 9:
         raise ValueError(f"priority must be 0-9, got {priority!r}")

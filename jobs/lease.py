@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from django.db import close_old_connections, connections
 
-from . import services
+from . import ledger
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class LeaseRenewer:
     def _renew(self, lease: _Lease) -> None:
         try:
             close_old_connections()  # this thread's own connection, dropped if it broke
-            held = services.job_renew_lease(
+            held = ledger.renew(
                 job_id=lease.job_id, attempt=lease.attempt, lease_seconds=lease.lease_seconds
             )
         except Exception as exc:  # noqa: BLE001 - the next renewal may succeed; two misses lapse it

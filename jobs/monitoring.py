@@ -9,26 +9,20 @@ from datetime import timedelta
 from typing import Any
 
 from celery import current_app
-from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Min
 from django.utils import timezone
 
+from . import broker
+from .conf import backlot_settings
 from .models import DeadLetter, Job, JobState
-from .ratelimit import redis_client
+from .redis import redis_client
 
 logger = logging.getLogger(__name__)
 
 # Worker pings are broadcast over the broker and cost up to a second; share one answer.
 WORKERS_CACHE_SECONDS = 10
 WORKERS_CACHE_KEY = "backlot:monitor:workers"
-
-
-def broker_queue_keys(queue: str) -> list[str]:
-    """Redis list names kombu uses for a queue, one per priority level."""
-    options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
-    sep = options.get("sep", ":")
-    return [queue if step == 0 else f"{queue}{sep}{step}" for step in options["priority_steps"]]
 
 
 @dataclass
@@ -41,13 +35,8 @@ class QueueStats:
 
 
 def queue_stats() -> list[QueueStats]:
-    client = redis_client()
-    pipe = client.pipeline(transaction=False)
-    for queue in settings.BACKLOT_QUEUES:
-        for key in broker_queue_keys(queue):
-            pipe.llen(key)
-    lengths = pipe.execute()
-    steps = len(settings.CELERY_BROKER_TRANSPORT_OPTIONS["priority_steps"])
+    queues = backlot_settings().QUEUES
+    depths = broker.queue_depths(queues)
     counts: dict[tuple[str, str], int] = {
         (row["queue"], row["state"]): row["n"]
         for row in Job.objects.active().values("queue", "state").annotate(n=Count("id"))
@@ -60,12 +49,12 @@ def queue_stats() -> list[QueueStats]:
     )
     now = timezone.now()
     stats = []
-    for index, queue in enumerate(settings.BACKLOT_QUEUES):
+    for queue in queues:
         first = oldest.get(queue)
         stats.append(
             QueueStats(
                 name=queue,
-                waiting=sum(lengths[index * steps : (index + 1) * steps]),
+                waiting=depths[queue],
                 scheduled=counts.get((queue, JobState.SCHEDULED), 0)
                 + counts.get((queue, JobState.RETRYING), 0),
                 running=counts.get((queue, JobState.RUNNING), 0),
@@ -127,7 +116,7 @@ def _redis() -> dict[str, Any]:
 
 def health_report() -> tuple[str, dict[str, Any]]:
     """("healthy" | "degraded" | "down", details). Down: the database or Redis is unreachable."""
-    limits = settings.BACKLOT
+    limits = backlot_settings()
     db_ok, db = _check(_database)
     redis_ok, redis_info = _check(_redis)
     checks: dict[str, Any] = {"database": db, "redis": redis_info}
@@ -139,21 +128,21 @@ def health_report() -> tuple[str, dict[str, Any]]:
     if queues_ok:
         checks["queues"] = {q.name: asdict(q) for q in queues}
         for q in queues:
-            if q.waiting > limits["HEALTH_MAX_QUEUE_DEPTH"]:
+            if q.waiting > limits.HEALTH_MAX_QUEUE_DEPTH:
                 problems.append(
-                    f"queue {q.name}: {q.waiting} waiting > {limits['HEALTH_MAX_QUEUE_DEPTH']}"
+                    f"queue {q.name}: {q.waiting} waiting > {limits.HEALTH_MAX_QUEUE_DEPTH}"
                 )
-            if q.oldest_wait_seconds > limits["HEALTH_MAX_WAIT_SECONDS"]:
+            if q.oldest_wait_seconds > limits.HEALTH_MAX_WAIT_SECONDS:
                 problems.append(
                     f"queue {q.name}: oldest job waited {q.oldest_wait_seconds:.0f}s > "
-                    f"{limits['HEALTH_MAX_WAIT_SECONDS']:.0f}s"
+                    f"{limits.HEALTH_MAX_WAIT_SECONDS:.0f}s"
                 )
     else:
         problems.append(f"queue stats unavailable: {queues}")
     if workers_ok:
         checks["workers"] = workers
         served = {q for names in workers.values() for q in names}
-        for queue in settings.BACKLOT_QUEUES:
+        for queue in backlot_settings().QUEUES:
             if queue not in served:
                 problems.append(f"no worker consumes queue {queue}")
     else:

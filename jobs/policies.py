@@ -60,6 +60,14 @@ DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
 
 
 @dataclass(frozen=True)
+class RetryDecision:
+    """What the policy decided for a failed run: retry after `delay` seconds, or give up."""
+
+    retry: bool
+    delay: float
+
+
+@dataclass(frozen=True)
 class RetryPolicy:
     """How a job retries.
 
@@ -115,6 +123,15 @@ class RetryPolicy:
             jitter=self.jitter,
             rng=rng,
         )
+
+    def decide(self, exc: BaseException, attempt: int) -> RetryDecision:
+        """Retry after how long, or give up: the whole decision for a failed run, pure."""
+        if not self.should_retry(exc, attempt):
+            return RetryDecision(retry=False, delay=0.0)
+        delay = self.delay_for(attempt)
+        if isinstance(exc, Retryable) and exc.retry_after is not None:
+            delay = max(0.0, float(exc.retry_after))
+        return RetryDecision(retry=True, delay=delay)
 
     def longest_delay(self) -> float:
         """The largest delay this policy can ask for (checked against the broker's limits)."""

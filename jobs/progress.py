@@ -7,7 +7,7 @@ import time
 
 from django.db import connections
 
-from . import services
+from . import ledger
 
 
 class ProgressThrottle:
@@ -40,7 +40,7 @@ class ProgressThrottle:
                     self.timer.start()
                 write = False
         if write:
-            services.job_progress(job_id=self.job_id, done=done, total=total, message=message)
+            ledger.progress(job_id=self.job_id, done=done, total=total, message=message)
 
     def _flush(self) -> None:
         with self.lock:
@@ -48,7 +48,7 @@ class ProgressThrottle:
             self.last_write = time.monotonic()
         try:
             if pending is not None:
-                services.job_progress(
+                ledger.progress(
                     job_id=self.job_id, done=pending[0], total=pending[1], message=pending[2]
                 )
         finally:

@@ -8,12 +8,13 @@ advances), so waiting jobs run in order at the limit instead of stampeding again
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass
 
 import redis
-from django.conf import settings
+
+from .conf import backlot_settings
+from .redis import redis_client
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smh])\s*$")
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -72,19 +73,6 @@ class Decision:
         return self.verdict == "reserved"
 
 
-@functools.cache
-def redis_client() -> redis.Redis:
-    """The platform's Redis connection pool (redis-py resets it in forked children)."""
-    return redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2, health_check_interval=25
-    )
-
-
-def redis_text(value: bytes | str) -> str:
-    """A reply of redis_client() as text: it answers bytes, redis-py types replies bytes | str."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class RateLimiter:
     """Token buckets named `backlot:rate:<name>` in one Redis."""
 
@@ -98,7 +86,7 @@ class RateLimiter:
     ) -> Decision:
         interval = parse_rate(rate)
         if max_reserve is None:
-            max_reserve = settings.BACKLOT["RATE_LIMIT_MAX_RESERVE"]
+            max_reserve = backlot_settings().RATE_LIMIT_MAX_RESERVE
         verdict, wait = self._script(
             keys=[self.prefix + name], args=[repr(interval), int(burst), repr(float(max_reserve))]
         )

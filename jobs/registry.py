@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from celery import current_app
 
 from .exceptions import UnknownTask
-
-if TYPE_CHECKING:
-    from .base import PlatformTask
+from .task import PlatformTask
 
 
 def task_by_name(name: str) -> PlatformTask:
-    from .base import PlatformTask
-
     task = current_app.tasks.get(name)
     if task is None or not isinstance(task, PlatformTask):
         raise UnknownTask(
@@ -24,6 +18,4 @@ def task_by_name(name: str) -> PlatformTask:
 
 
 def platform_tasks() -> list[PlatformTask]:
-    from .base import PlatformTask
-
     return [task for task in current_app.tasks.values() if isinstance(task, PlatformTask)]

@@ -14,10 +14,9 @@ from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Retry
 from celery.worker.request import Request
 from celery.worker.state import task_ready
-from django.conf import settings
 from django.db import close_old_connections
 
-from . import services, telemetry
+from . import execution, ledger
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from celery import Task
     from celery.app.task import Context
 
-    from .base import PlatformTask
+    from .task import PlatformTask
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +72,7 @@ class PlatformRequest(Request):
         if getattr(self.task, "track", False):
             close_old_connections()
             try:
-                services.job_release(job_id=self.id)
+                ledger.release(job_id=self.id)
             except Exception:
                 logger.exception("Could not release the claim of cancelled job %s", self.id)
         # Request._announce_cancelled exists in Celery but not in celery-types' stub.
@@ -107,7 +106,8 @@ class PlatformRequest(Request):
                 attempt, failures = (self._context.retries or 0) + 1, []
             with _bound_request(task, self):
                 try:
-                    task._attempt_failed(
+                    execution.attempt_failed(
+                        task,
                         exc,
                         args=tuple(self.args),
                         kwargs=dict(self.kwargs),
@@ -125,33 +125,15 @@ class PlatformRequest(Request):
 
     def _worker_lost(self, exc: BaseException) -> None:
         """Free the claim so the requeued message runs again, until the job is a poison pill."""
+        task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
         try:
-            crashes = services.job_release(job_id=self.id, crashed=True)
-            if crashes >= settings.BACKLOT["MAX_WORKER_CRASHES"]:
-                job = Job.objects.filter(id=self.id).only("attempts", "failures").first()
-                reason = WorkerLostError(
-                    f"worker process died {crashes} times running this job: {exc}"
+            with _bound_request(task, self):
+                reason = execution.worker_lost(
+                    task, exc, args=tuple(self.args), kwargs=dict(self.kwargs)
                 )
-                services.dead_letter_create(
-                    task=cast("PlatformTask", self.task),  # PlatformTask's Request class
-                    job_id=self.id,
-                    args=self.args,
-                    kwargs=self.kwargs,
-                    attempt=job.attempts if job else crashes,
-                    failures=list(job.failures) if job else [],
-                    exc=reason,
-                    traceback=str(exc),
-                )
+            if reason is not None:
                 # Celery stores no result for a requeued message: fail it so a chord fires.
                 self.task.backend.mark_as_failure(self.id, reason, request=self._context)
-                telemetry.job_event(
-                    "dead",
-                    job_id=self.id,
-                    task=self.task.name,
-                    queue=(self.delivery_info or {}).get("routing_key") or "",
-                    attempt=job.attempts if job else crashes,
-                )
-                cast("PlatformTask", self.task).gave_up(reason, tuple(self.args), dict(self.kwargs))
         except Exception:
             logger.exception("Could not record the worker loss of job %s", self.id)
 

@@ -8,16 +8,25 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
+from celery import current_app
 from django.db.models import Q
 from django.utils import timezone
 from django_celery_results.models import TaskResult
 
+from .conf import backlot_settings
 from .models import DeadLetter, DeadLetterStatus, Effect, Job
 
 # Rows per DELETE: 5,000 keeps each statement well under a second on PostgreSQL here and does
 # not hold locks that would stall workers writing the ledger.
 DELETE_BATCH = 5000
+
+
+def _result_expiry() -> timedelta:
+    """Celery's result_expires (seconds or a timedelta; None: a day, Celery's default)."""
+    expires = current_app.conf.result_expires
+    if isinstance(expires, timedelta):
+        return expires
+    return timedelta(seconds=float(expires or 86400))
 
 
 def _delete_in_batches(queryset: Any, dry_run: bool) -> int:
@@ -36,9 +45,9 @@ def _delete_in_batches(queryset: Any, dry_run: bool) -> int:
 def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
     """Delete what retention allows; returns rows deleted (or that would be) per kind."""
     now = timezone.now()
-    limits = settings.BACKLOT
-    job_cutoff = now - timedelta(days=limits["JOB_RETENTION_DAYS"])
-    dead_cutoff = now - timedelta(days=limits["DEAD_LETTER_RETENTION_DAYS"])
+    limits = backlot_settings()
+    job_cutoff = now - timedelta(days=limits.JOB_RETENTION_DAYS)
+    dead_cutoff = now - timedelta(days=limits.DEAD_LETTER_RETENTION_DAYS)
     jobs = (
         Job.objects.finished()
         .filter(finished_at__lt=job_cutoff)
@@ -48,11 +57,9 @@ def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
         ~Q(status=DeadLetterStatus.DEAD), resolved_at__lt=dead_cutoff
     )
     effects = Effect.objects.filter(
-        created_at__lt=now - timedelta(days=limits["EFFECT_RETENTION_DAYS"])
+        created_at__lt=now - timedelta(days=limits.EFFECT_RETENTION_DAYS)
     )
-    results = TaskResult.objects.filter(
-        date_done__lt=now - timedelta(seconds=settings.CELERY_RESULT_EXPIRES)
-    )
+    results = TaskResult.objects.filter(date_done__lt=now - _result_expiry())
     return {
         "dead_letters": _delete_in_batches(resolved, dry_run),
         "jobs": _delete_in_batches(jobs, dry_run),

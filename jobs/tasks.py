@@ -5,17 +5,18 @@ from typing import Any
 from celery import shared_task
 from django.contrib.auth import get_user_model
 
-from . import services
 from .backends import standard_task  # noqa: F401  (registers the Tasks API runner)
+from .deadletters import dead_letter_replay_many
 from .decorators import job
 from .models import DeadLetter
 from .policies import RetryPolicy
+from .relay import job_relay
 
 
 @shared_task(name="jobs.relay", ignore_result=True)
 def relay() -> int:
     """Publish outbox rows, due scheduled jobs and jobs whose worker lease ran out."""
-    return services.job_relay()
+    return job_relay()
 
 
 @job(name="jobs.replay_matching", bind=True, time_limit=3600, retry=RetryPolicy(max_attempts=3))
@@ -24,7 +25,7 @@ def replay_matching(
 ) -> dict[str, Any]:
     """Replay every unresolved dead letter matching operator filters (admin, command)."""
     user = get_user_model().objects.filter(pk=user_id).first() if user_id else None
-    outcome = services.dead_letter_replay_many(
+    outcome = dead_letter_replay_many(
         queryset=DeadLetter.objects.matching(filters), by=user, progress=self.progress
     )
     return {

@@ -1,14 +1,18 @@
 """Job counters and run-time histograms kept in Redis, so /metrics is right across every
-prefork process and host (prometheus-client's in-process metrics would only see one)."""
+prefork process and host (prometheus-client's in-process metrics would only see one), and
+one structured log line per job event. Both are receivers of jobs.events, connected by
+JobsConfig.ready()."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from .ratelimit import redis_client, redis_text
+from . import events
+from .redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 job_logger = logging.getLogger("backlot.jobs")
@@ -108,3 +112,32 @@ def job_event(
     )
     if event in ("succeeded", "retrying", "dead"):
         record_outcome(task, event, duration)
+
+
+def _receiver(event: str) -> Any:
+    def receive(sender: str, *, job_id: str, queue: str, attempt: int, **kwargs: Any) -> None:
+        job_event(
+            event,
+            job_id=job_id,
+            task=sender,
+            queue=queue,
+            attempt=attempt,
+            duration=kwargs.get("duration"),
+        )
+
+    receive.__name__ = f"log_job_{event}"
+    return receive
+
+
+_RECEIVERS = {name: _receiver(name) for name in ("started", "retrying", "succeeded", "dead")}
+
+
+def _count_rate_limited(sender: str, **kwargs: Any) -> None:
+    record_rate_limited(sender)
+
+
+def connect() -> None:
+    """Subscribe the log lines and metrics to the job events (idempotent)."""
+    for name, receive in _RECEIVERS.items():
+        events.ALL[name].connect(receive, dispatch_uid=f"backlot-telemetry-{name}")
+    events.job_rate_limited.connect(_count_rate_limited, dispatch_uid="backlot-telemetry-rate")

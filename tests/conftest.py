@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 
 from config.celery import app as celery_app
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / ".data" / "test-logs"

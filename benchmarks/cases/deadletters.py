@@ -1,5 +1,5 @@
 """Case 6: replaying 10,000 dead letters through the bulk path operators use
-(jobs.services.dead_letter_replay_many, behind the admin's "replay" action)."""
+(jobs.deadletters.dead_letter_replay_many, behind the admin's "replay" action)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from django.utils import timezone
 from benchmarks import jobs as bench
 from benchmarks.harness import CaseResult, clock, empty_queues, queued
 from benchmarks.sizes import SIZES
+from jobs import dead_letter_replay_many
 from jobs.models import DeadLetter, DeadLetterStatus
-from jobs.services import dead_letter_replay_many
 
 
 def make_dead_letters(count: int, marker: str) -> None:

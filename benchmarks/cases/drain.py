@@ -29,8 +29,8 @@ from benchmarks.harness import (
     timed_drain,
 )
 from benchmarks.sizes import SIZES
+from jobs import enqueue_many as job_enqueue_many
 from jobs.models import Job, JobState
-from jobs.services import job_enqueue_many
 
 # variant -> (task, what it is)
 VARIANTS: dict[str, tuple[Any, str]] = {

@@ -16,8 +16,8 @@ from django.db import connection, transaction
 from benchmarks import jobs as bench
 from benchmarks.harness import CaseResult, clock, empty_queues, queue_keys, queued, redis_client
 from benchmarks.sizes import SIZES
-from jobs.base import PlatformTask
-from jobs.services import job_enqueue_many
+from jobs import enqueue_many as job_enqueue_many
+from jobs.task import PlatformTask
 
 # --------------------------------------------------------------------------- case 2
 

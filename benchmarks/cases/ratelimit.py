@@ -25,8 +25,8 @@ from benchmarks.harness import (
     wait_until,
 )
 from benchmarks.sizes import SIZES
+from jobs import enqueue_many as job_enqueue_many
 from jobs.ratelimit import RateLimiter, parse_rate
-from jobs.services import job_enqueue_many
 
 PROCESSES = 4
 

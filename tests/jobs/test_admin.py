@@ -202,7 +202,7 @@ def test_two_operators_replaying_at_once_make_one_job(transactional_db, clean_re
 
     from django.db import connection
 
-    from jobs import services
+    from jobs import dead_letter_replay
     from jobs.exceptions import ReplayError
 
     row = dead_letter()
@@ -211,9 +211,7 @@ def test_two_operators_replaying_at_once_make_one_job(transactional_db, clean_re
     def replay():
         barrier.wait()
         try:
-            outcomes.append(
-                services.dead_letter_replay(dead_letter=DeadLetter.objects.get(pk=row.pk)).id
-            )
+            outcomes.append(dead_letter_replay(dead_letter=DeadLetter.objects.get(pk=row.pk)).id)
         except ReplayError:
             outcomes.append("refused")
         finally:

@@ -84,7 +84,7 @@ def test_health_reports_checks(client, admin_user, session_worker, clean_redis):
 
 
 def test_health_is_503_when_redis_is_unreachable(client, settings, clean_redis):
-    from jobs.ratelimit import redis_client
+    from jobs.redis import redis_client
 
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     redis_client.cache_clear()

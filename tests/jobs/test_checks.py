@@ -169,7 +169,7 @@ def test_priority_out_of_range_is_rejected_when_the_job_is_declared(priority):
 
 def test_check_warns_when_redis_is_not_durable(settings):
     from jobs.checks import check_redis_durability
-    from jobs.ratelimit import redis_client
+    from jobs.redis import redis_client
 
     client = redis_client()
     policy = client.config_get("maxmemory-policy")["maxmemory-policy"]

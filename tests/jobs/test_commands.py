@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from jobs.alerts import alerts_check
 from jobs.models import AuditEntry, DeadLetter, DeadLetterStatus, Effect, Job, JobState
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
 from tests.support import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -136,7 +136,7 @@ def test_degraded_health_alerts_once_and_announces_recovery(clean_redis, setting
 
 
 def test_relay_once_publishes_the_outbox(clean_redis):
-    from jobs.monitoring import broker_queue_keys
+    from jobs.broker import queue_keys as broker_queue_keys
 
     handle = tasks.prioritized.enqueue("k", "a")
     Job.objects.filter(id=handle.id).update(
@@ -151,7 +151,7 @@ def test_relay_once_publishes_the_outbox(clean_redis):
 
 
 def test_relay_resends_a_retry_whose_message_was_lost(clean_redis):
-    from jobs.monitoring import broker_queue_keys
+    from jobs.broker import queue_keys as broker_queue_keys
 
     # given: a retrying job, due a minute ago, published, but its message is gone from Redis
     handle = tasks.prioritized.enqueue("k", "a")
@@ -170,7 +170,7 @@ def test_relay_resends_a_retry_whose_message_was_lost(clean_redis):
 
 
 def test_relay_leaves_a_waiting_job_alone_while_its_queue_holds_messages(clean_redis):
-    from jobs.monitoring import broker_queue_keys
+    from jobs.broker import queue_keys as broker_queue_keys
 
     first = tasks.prioritized.enqueue("k", "a")
     tasks.prioritized.enqueue("k", "b")

@@ -12,10 +12,10 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from jobs import services
+from jobs.broker import queue_keys as broker_queue_keys
 from jobs.models import IdempotencyRecord, Job, JobState
-from jobs.monitoring import broker_queue_keys
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
+from jobs.relay import job_relay
 from tests.support import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,11 +82,11 @@ def test_long_delay_waits_in_the_ledger_until_due(clean_redis, settings):
     handle = tasks.prioritized.enqueue("k", "a", delay=3600)
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.SCHEDULED and job.published_at is None
-    assert services.job_relay() == 0  # not due yet
+    assert job_relay() == 0  # not due yet
     assert messages_waiting() == 0
 
     Job.objects.filter(id=handle.id).update(scheduled_for=timezone.now() - timedelta(seconds=1))
-    assert services.job_relay() == 1
+    assert job_relay() == 1
 
     assert messages_waiting() == 1
     assert Job.objects.get(id=handle.id).published_at is not None

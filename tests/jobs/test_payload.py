@@ -9,11 +9,11 @@ import re
 
 import pytest
 
+from jobs.broker import queue_keys as broker_queue_keys
 from jobs.exceptions import InvalidPayload, PayloadTooLarge
 from jobs.models import Job
-from jobs.monitoring import broker_queue_keys
 from jobs.payload import payload_check
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
 from tests.support import tasks
 
 

@@ -17,7 +17,7 @@ from django_tasks import TaskResult, TaskResultStatus, default_task_backend, tas
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist, TaskResultMismatch
 from django_tasks.signals import task_enqueued
 
-from jobs import services
+from jobs import dead_letter_replay
 from jobs.backends import RUNNER_NAME, CeleryBackend, backlot_priority
 from jobs.exceptions import InvalidPayload
 from jobs.models import DeadLetter, DeadLetterStatus, Job, JobState
@@ -218,7 +218,7 @@ def test_replaying_the_dead_letter_of_a_task_runs_it_again(worker, unique):
     assert failed.status == TaskResultStatus.FAILED
     set_flag(unique)
 
-    replay = services.dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=failed.id))
+    replay = dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=failed.id))
 
     replayed = settled(default_task_backend.get_result(replay.id))
     assert replayed.status == TaskResultStatus.SUCCESSFUL

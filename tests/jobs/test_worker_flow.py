@@ -6,7 +6,7 @@ from itertools import pairwise
 
 import pytest
 
-from jobs import services
+from jobs import dead_letter_replay
 from jobs.exceptions import ReplayError, UnknownTask
 from jobs.models import DeadLetter, DeadLetterStatus, Effect, Job, JobState
 from tests.conftest import marks, set_flag, wait_until
@@ -84,7 +84,7 @@ def test_replay_runs_the_job_again_and_links_it(worker, unique):
     finished(handle.id)
     dead = DeadLetter.objects.get(job_id_value=handle.id)
 
-    replay = services.dead_letter_replay(dead_letter=dead)
+    replay = dead_letter_replay(dead_letter=dead)
 
     replayed = finished(replay.id)
     assert replayed.replay_of_id == dead.pk and replayed.args == [unique]
@@ -92,7 +92,7 @@ def test_replay_runs_the_job_again_and_links_it(worker, unique):
     assert dead.status == DeadLetterStatus.REPLAYED and str(dead.replayed_job_id) == replay.id
     assert len(marks(unique)) == 2  # the replay ran the job
     with pytest.raises(ReplayError):
-        services.dead_letter_replay(dead_letter=dead)
+        dead_letter_replay(dead_letter=dead)
 
 
 def test_replaying_a_removed_task_is_a_clear_error_and_keeps_the_row(worker, unique):
@@ -102,7 +102,7 @@ def test_replaying_a_removed_task_is_a_clear_error_and_keeps_the_row(worker, uni
     dead = DeadLetter.objects.get(job_id_value=handle.id)
 
     with pytest.raises(UnknownTask, match=r"tests\.gone"):
-        services.dead_letter_replay(dead_letter=dead)
+        dead_letter_replay(dead_letter=dead)
 
     dead.refresh_from_db()
     assert dead.status == DeadLetterStatus.DEAD and dead.replayed_job is None

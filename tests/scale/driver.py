@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Sum
 
 from config.celery import app
-from jobs import services
+from jobs import enqueue_many
 from jobs.models import Job, JobState
 from tests.scale import jobs as scale_jobs
 
@@ -67,7 +67,7 @@ def enqueue(spec: dict[str, Any]) -> dict[str, Any]:
                 ((), {"run": spec["run"], "item": i}) for i in range(at, min(count, at + BATCH))
             ]
             with transaction.atomic():
-                ids += services.job_enqueue_many(task=task, calls=calls)
+                ids += enqueue_many(task=task, calls=calls)
     return {"jobs": len(ids), "distinct": len(set(ids)), "seconds": time.monotonic() - began}
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from django_tasks import TaskContext, task
 
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
 from tests.support.tasks import mark, wait_for_flag
 
 

@@ -13,7 +13,7 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from jobs.decorators import job
 from jobs.effects import effect_once
 from jobs.policies import Permanent, RetryPolicy
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
 
 
 def mark(key: str, value: Any = None) -> int:

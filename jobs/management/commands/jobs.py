@@ -11,11 +11,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
-from jobs import services
 from jobs.dashboard import dashboard_data
+from jobs.deadletters import audit, dead_letter_discard_many, dead_letter_replay_many
 from jobs.masking import mask_text
 from jobs.models import DeadLetter
-from jobs.ratelimit import redis_client
+from jobs.redis import redis_client
+from jobs.relay import job_relay
 from jobs.retention import retention_purge
 
 logger = logging.getLogger(__name__)
@@ -153,8 +154,8 @@ class Command(BaseCommand):
         queryset, filters = self._matching(options)
         if dry_run:
             return self._preview(queryset, limit, "replay")
-        outcome = services.dead_letter_replay_many(queryset=queryset, limit=limit)
-        services.audit(user=None, action="replay-cli", count=outcome.done, filters=filters)
+        outcome = dead_letter_replay_many(queryset=queryset, limit=limit)
+        audit(user=None, action="replay-cli", count=outcome.done, filters=filters)
         self.stdout.write(f"Replayed {outcome.done} dead letter(s); skipped {outcome.skipped}.")
         for error in outcome.errors or []:
             self.stderr.write(error)
@@ -164,8 +165,8 @@ class Command(BaseCommand):
         if dry_run:
             return self._preview(queryset, limit, "discard")
         ids = list(queryset.order_by("pk").values_list("pk", flat=True)[: limit or None])
-        count = services.dead_letter_discard_many(queryset=DeadLetter.objects.filter(pk__in=ids))
-        services.audit(user=None, action="discard-cli", count=count, filters=filters)
+        count = dead_letter_discard_many(queryset=DeadLetter.objects.filter(pk__in=ids))
+        audit(user=None, action="discard-cli", count=count, filters=filters)
         self.stdout.write(f"Discarded {count} dead letter(s).")
 
     # --- relay --------------------------------------------------------------------------
@@ -206,7 +207,7 @@ def _relay_loop(interval: float, once: bool, out: Any) -> None:
     while not stopping:
         close_old_connections()
         try:
-            sent = services.job_relay()
+            sent = job_relay()
         except Exception as exc:  # noqa: BLE001 - the database is away: try again next sweep
             out.write(f"relay: sweep failed ({type(exc).__name__}); retrying")
             sent = 0

@@ -20,7 +20,8 @@ django.setup()
 
 from django.db import close_old_connections, transaction  # noqa: E402 (after django.setup())
 
-from jobs import services  # noqa: E402 (after django.setup())
+from jobs import enqueue_many  # noqa: E402 (after django.setup())
+from jobs.relay import job_relay  # noqa: E402 (after django.setup())
 from tests.system.faults import jobs as fault_jobs  # noqa: E402 (after django.setup())
 
 TASKS = {
@@ -44,7 +45,7 @@ def enqueue(spec: dict) -> dict:
         items = list(items)
         for at in range(0, len(items), batch):
             with transaction.atomic():
-                ids += services.job_enqueue_many(
+                ids += enqueue_many(
                     task=task,
                     calls=[
                         ((), {"run": spec["run"], "item": i, **extra})
@@ -65,7 +66,7 @@ def enqueue(spec: dict) -> dict:
 def feed(spec: dict) -> dict:
     """A sustained producer: enqueue `count` jobs in batches, keeping at most `cap` messages
     waiting in Redis, like a steady stream of API calls rather than one huge backlog."""
-    from jobs.ratelimit import redis_client
+    from jobs.redis import redis_client
 
     task = TASKS[spec["task"]]
     broker = redis_client()
@@ -85,7 +86,7 @@ def feed(spec: dict) -> dict:
             continue
         upto = min(end, item + batch)
         with transaction.atomic():
-            ids += services.job_enqueue_many(
+            ids += enqueue_many(
                 task=task,
                 calls=[((), {"run": spec["run"], "item": i, **extra}) for i in range(item, upto)],
             )
@@ -115,7 +116,7 @@ def relay_loop(spec: dict) -> None:
     sent = errors = 0
     while not stop:
         try:
-            sent += services.job_relay(limit=spec.get("limit", 5000))
+            sent += job_relay(limit=spec.get("limit", 5000))
         except Exception as exc:  # noqa: BLE001 (a database outage: keep looping, like beat)
             errors += 1
             print(f"relay error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

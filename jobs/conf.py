@@ -1,0 +1,147 @@
+"""Backlot's settings: one typed object with a default for everything jobs/ reads.
+
+A host project overrides only what it needs in ``BACKLOT = {...}``; a project that sets nothing
+gets a working platform (one ``default`` queue, Redis on localhost). Read them with
+``backlot_settings()``: resolved once and again whenever a test or ``override_settings``
+changes BACKLOT, REDIS_URL or the Celery broker settings. An unknown key or a value of the
+wrong type is an ImproperlyConfigured error naming it, at the first read (and in
+``manage.py check``, which reads them).
+
+The Celery side of the platform (JSON only, acks_late, queues with their priority steps, the
+ledger's result backend, the beat leader, the periodic relay) is ``celery_settings()``, which
+``jobs.celery.configure(app)`` applies to a host's Celery app.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+# Seconds Redis waits before redelivering an unacknowledged message, unless the project's
+# CELERY_BROKER_TRANSPORT_OPTIONS says otherwise: it must outlast the longest countdown Redis
+# holds (MAX_BROKER_COUNTDOWN + RATE_LIMIT_MAX_RESERVE; system check jobs.E002).
+DEFAULT_VISIBILITY_TIMEOUT = 7200
+
+
+@dataclass(frozen=True)
+class BacklotSettings:
+    """Every setting of the platform, with its default. Keys of ``BACKLOT`` are these names."""
+
+    # Queues jobs may name; each has ten Redis priority lists (priority_steps 0-9).
+    QUEUES: tuple[str, ...] = ("default",)
+    # Redis used for rate limits, beat's leader lock, counters and queue depths; defaults to
+    # the project's REDIS_URL, else its CELERY_BROKER_URL.
+    REDIS_URL: str = "redis://127.0.0.1:6379/0"
+    # Serialized args + kwargs above this many bytes are refused at enqueue.
+    MAX_PAYLOAD_BYTES: int = 64 * 1024
+    # A succeeded job keeps its idempotency key this long: a repeat enqueue is a no-op.
+    IDEMPOTENCY_TTL: int = 24 * 3600
+    # Progress writes from one job are at most this often (seconds): 100,000 steps cost one
+    # UPDATE per interval instead of 100,000.
+    PROGRESS_INTERVAL: float = 1.0
+    # Delays up to this many seconds ride in Redis as a countdown; longer ones wait in the
+    # ledger as scheduled rows and are published when due.
+    MAX_BROKER_COUNTDOWN: int = 900
+    # A pool process dying this many times on one job sends it to the dead letters.
+    MAX_WORKER_CRASHES: int = 3
+    # A rate-limited job may reserve a slot this far ahead; beyond it, it backs off unreserved.
+    RATE_LIMIT_MAX_RESERVE: float = 30.0
+    HEALTH_MAX_QUEUE_DEPTH: int = 1000
+    HEALTH_MAX_WAIT_SECONDS: float = 300.0
+    # Bearer token /metrics asks for; empty: staff session only.
+    METRICS_TOKEN: str = ""
+    # Retention (manage.py jobs purge, and daily from beat); unresolved dead letters are kept.
+    JOB_RETENTION_DAYS: int = 7
+    DEAD_LETTER_RETENTION_DAYS: int = 30
+    # An effect record older than this no longer stops a replay from repeating the effect.
+    EFFECT_RETENTION_DAYS: int = 90
+    # A degraded-health cause is alerted at most once per this many seconds.
+    ALERT_INTERVAL: int = 900
+    # A running job's claim lasts this long and is renewed every third of it while it runs: a
+    # job whose worker died is re-queued by the relay within about this time.
+    LEASE_SECONDS: float = 30.0
+    # Beat leader lock lifetime (s): a dead leader is replaced within this time.
+    BEAT_LOCK_TTL: int = 30
+    # How often beat asks a worker to run the relay (s); `manage.py jobs relay` runs it too.
+    RELAY_INTERVAL: float = 5.0
+    # The URL name of the job status route (JobHandle.status_url): the jobs API router mounted
+    # on a NinjaAPI whose urls_namespace is "api-1" (ninja's default for version "1.0.0").
+    STATUS_URL_NAME: str = "api-1:job_status"
+    # Redis' redelivery timeout for unacknowledged messages (read from the broker options).
+    VISIBILITY_TIMEOUT: int = field(default=DEFAULT_VISIBILITY_TIMEOUT)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(BacklotSettings)}
+# Read from elsewhere than BACKLOT: REDIS_URL and the broker's visibility timeout.
+_DERIVED = frozenset({"VISIBILITY_TIMEOUT"})
+# The resolved settings, under the key "settings" (a dict, not a rebound global).
+_cache: dict[str, BacklotSettings] = {}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    kind = _FIELDS[name].type
+    try:
+        if kind == "tuple[str, ...]":
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise TypeError
+            return tuple(value)
+        if kind == "int" and not isinstance(value, bool):
+            if isinstance(value, float) and not value.is_integer():
+                raise TypeError
+            return int(value)
+        if kind == "float" and not isinstance(value, bool):
+            return float(value)
+        if kind == "str" and isinstance(value, str):
+            return value
+    except (TypeError, ValueError):
+        pass
+    raise ImproperlyConfigured(
+        f"BACKLOT[{name!r}] must be {kind}, got {value!r} ({type(value).__name__})"
+    )
+
+
+def _resolve() -> BacklotSettings:
+    given = getattr(settings, "BACKLOT", None) or {}
+    if not isinstance(given, dict):
+        raise ImproperlyConfigured("BACKLOT must be a dict of Backlot's settings")
+    unknown = sorted(set(given) - (set(_FIELDS) - _DERIVED))
+    if unknown:
+        raise ImproperlyConfigured(
+            f"Unknown key(s) in BACKLOT: {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(set(_FIELDS) - _DERIVED))}"
+        )
+    values = {name: _coerce(name, value) for name, value in given.items()}
+    if "REDIS_URL" not in values:
+        url = getattr(settings, "REDIS_URL", None) or getattr(settings, "CELERY_BROKER_URL", None)
+        if url:
+            values["REDIS_URL"] = str(url)
+    options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
+    values["VISIBILITY_TIMEOUT"] = int(
+        options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
+    )
+    resolved = BacklotSettings(**values)
+    if not resolved.QUEUES:
+        raise ImproperlyConfigured("BACKLOT['QUEUES'] names no queue")
+    return resolved
+
+
+def backlot_settings() -> BacklotSettings:
+    """The platform's settings, resolved from the project's (cached until they change)."""
+    try:
+        return _cache["settings"]
+    except KeyError:
+        resolved = _cache["settings"] = _resolve()
+        return resolved
+
+
+def _reset(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"BACKLOT", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_BROKER_TRANSPORT_OPTIONS"}:
+        _cache.clear()
+
+
+setting_changed.connect(_reset, dispatch_uid="backlot-conf-reset")

@@ -1,0 +1,150 @@
+"""Dead letters: replay (one, or many in bulk), discard, and the audit record of operator
+actions. A replay is a new job linked to its dead letter, with the original queue, owner and
+priority; the dead letter's row is locked first, so two operators replaying at once make one
+new job.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+
+from . import events, ledger
+from .broker import BULK_BATCH
+from .enqueue import JobHandle, enqueue, enqueue_many
+from .exceptions import ReplayError, UnknownTask
+from .models import AuditEntry, DeadLetter, DeadLetterStatus
+from .registry import task_by_name
+
+logger = logging.getLogger(__name__)
+
+
+def dead_letter_replay(
+    *,
+    dead_letter: DeadLetter,
+    by: Any = None,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> JobHandle:
+    """Send a dead letter's job again as a new job, linked to it; the row is marked replayed.
+
+    `args`/`kwargs` replace the original arguments (an operator fixed them); the new job keeps
+    the original queue, priority and owner.
+    """
+    with transaction.atomic():
+        row = DeadLetter.objects.select_for_update().get(pk=dead_letter.pk)
+        if row.status != DeadLetterStatus.DEAD:
+            raise ReplayError(
+                f"Dead letter {row.pk} is already {row.status}; it cannot be replayed"
+            )
+        task = task_by_name(row.task_name)
+        handle = enqueue(
+            task=task,
+            args=row.args if args is None else args,
+            kwargs=row.kwargs if kwargs is None else kwargs,
+            priority=row.priority,
+            owner=row.owner,
+        )
+        ledger.dead_letter_replayed(
+            dead_letter=row, job_id=handle.id if task.track else None, by=by
+        )
+        _announce([handle.id], [row.pk], by, row.task_name)
+    dead_letter.refresh_from_db()
+    return handle
+
+
+@dataclass
+class BulkOutcome:
+    """What a bulk replay or discard did."""
+
+    done: int = 0
+    skipped: int = 0  # already replayed/discarded, or locked by a concurrent operator
+    errors: list[str] = field(default_factory=list)
+
+
+def dead_letter_replay_many(
+    *,
+    queryset: Any,
+    by: Any = None,
+    progress: Callable[[int, int, str], None] | None = None,
+    limit: int | None = None,
+) -> BulkOutcome:
+    """Replay every unresolved dead letter in `queryset`, 1,000 per transaction.
+
+    Each chunk locks its rows (skipping ones another operator holds), enqueues the new jobs
+    in bulk (one COPY, one pipelined publish) and marks the rows replayed in one UPDATE: 10,000
+    rows take a few seconds, not 10,000 round trips.
+    """
+    outcome = BulkOutcome()
+    ids = list(
+        queryset.filter(status=DeadLetterStatus.DEAD)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:limit]
+    )
+    for start in range(0, len(ids), BULK_BATCH):
+        chunk = ids[start : start + BULK_BATCH]
+        with transaction.atomic():
+            rows = list(
+                DeadLetter.objects.select_for_update(skip_locked=True).filter(
+                    pk__in=chunk, status=DeadLetterStatus.DEAD
+                )
+            )
+            outcome.skipped += len(chunk) - len(rows)
+            groups: dict[tuple[str, int], list[DeadLetter]] = {}
+            for row in rows:
+                groups.setdefault((row.task_name, row.priority), []).append(row)
+            replayed: list[int] = []
+            for (task_name, priority), group in groups.items():
+                try:
+                    task = task_by_name(task_name)
+                except UnknownTask as exc:
+                    outcome.errors.append(str(exc))
+                    outcome.skipped += len(group)
+                    continue
+                job_ids = enqueue_many(
+                    task,
+                    [(row.args, row.kwargs) for row in group],
+                    priority=priority,
+                    replay_of=[row.pk for row in group],
+                )
+                replayed += [row.pk for row in group]
+                _announce(job_ids, [row.pk for row in group], by, task_name)
+            ledger.dead_letters_replayed(pks=replayed, by=by)
+            outcome.done += len(replayed)
+        if progress:
+            progress(min(start + BULK_BATCH, len(ids)), len(ids), f"{outcome.done} replayed")
+    return outcome
+
+
+def _announce(job_ids: list[str], dead_letter_ids: list[int], by: Any, task: str) -> None:
+    def send() -> None:
+        events.send(
+            events.job_replayed, task=task, job_ids=job_ids, dead_letter_ids=dead_letter_ids, by=by
+        )
+
+    transaction.on_commit(send)
+
+
+def dead_letter_discard(*, dead_letter: DeadLetter, by: Any = None) -> bool:
+    """Discard one dead letter (it will not run); False when it was already resolved."""
+    return bool(
+        ledger.dead_letters_discarded(queryset=DeadLetter.objects.filter(pk=dead_letter.pk), by=by)
+    )
+
+
+def dead_letter_discard_many(*, queryset: Any, by: Any = None) -> int:
+    return ledger.dead_letters_discarded(queryset=queryset, by=by)
+
+
+def audit(*, user: Any, action: str, count: int, **detail: Any) -> None:
+    """Record an operator action (who, what, how many)."""
+    AuditEntry.objects.create(
+        user=user if getattr(user, "pk", None) else None, action=action, count=count, detail=detail
+    )
+    logger.info(
+        "Operator action %s on %s row(s) by user %s", action, count, getattr(user, "pk", None)
+    )

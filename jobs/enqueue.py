@@ -1,0 +1,284 @@
+"""Accepting jobs: check the payload, write the ledger row in the caller's transaction, publish
+after commit (the row is the outbox: what the broker did not take, the relay sends later).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from . import broker, events, ledger
+from .conf import backlot_settings
+from .exceptions import BrokerUnavailable
+from .models import Job
+from .payload import payload_check
+from .policies import RetryPolicy
+from .states import JobState
+
+
+class Enqueueable(broker.Publishable, Protocol):
+    """What enqueue needs of a task (PlatformTask has it)."""
+
+    track: bool
+    default_priority: int
+    policy: RetryPolicy
+
+
+logger = logging.getLogger(__name__)
+
+# Message options that tie a job into a canvas; kept on the ledger row so a relayed job keeps them.
+CANVAS_OPTIONS = frozenset(
+    {"link", "link_error", "chain", "chord", "group_id", "group_index", "root_id", "parent_id"}
+)
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What enqueue returns: the job id, and whether this call created the job."""
+
+    id: str
+    task_name: str
+    created: bool = True
+
+    @property
+    def status_url(self) -> str:
+        """The job's status route (BACKLOT['STATUS_URL_NAME'])."""
+        name = backlot_settings().STATUS_URL_NAME
+        try:
+            return reverse(name, kwargs={"job_id": self.id})
+        except NoReverseMatch as exc:
+            raise ImproperlyConfigured(
+                f"No URL named {name!r} for a job's status: mount jobs.api.router on your "
+                "NinjaAPI, or set BACKLOT['STATUS_URL_NAME'] to its '<namespace>:job_status'"
+            ) from exc
+
+    def job(self) -> Job:
+        return Job.objects.get(id=self.id)
+
+
+def check_priority(priority: int) -> int:
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= 9:
+        raise ValueError(
+            f"priority must be an integer from 0 (lowest) to 9 (highest), got {priority!r}"
+        )
+    return priority
+
+
+def check_queue(queue: str) -> str:
+    queues = backlot_settings().QUEUES
+    if queue not in queues:
+        raise ValueError(f"Unknown queue {queue!r}; configured: {', '.join(queues)}")
+    return queue
+
+
+def _resolve_start(delay: float | None, eta: datetime | None, now: datetime) -> datetime | None:
+    if delay is not None and eta is not None:
+        raise ValueError("pass either delay or eta, not both")
+    if delay is not None:
+        if delay < 0:
+            raise ValueError(f"delay must be >= 0 seconds, got {delay!r}")
+        return now + timedelta(seconds=delay) if delay > 0 else None
+    if eta is not None:
+        if timezone.is_naive(eta):
+            raise ValueError("eta must be timezone-aware")
+        return eta if eta > now else None
+    return None
+
+
+def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
+    if on_commit:
+        transaction.on_commit(send)
+    else:
+        send()
+
+
+def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Message options worth keeping in the ledger for the relay (canvas links), as JSON."""
+    kept = {k: v for k, v in (options or {}).items() if k in CANVAS_OPTIONS and v is not None}
+    try:
+        return json.loads(json.dumps(kept))
+    except (TypeError, ValueError):
+        logger.warning(
+            "Canvas options of a job are not JSON; the relay would re-send it without them"
+        )
+        return {}
+
+
+def enqueue(
+    *,
+    task: Enqueueable,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    priority: int | None = None,
+    delay: float | None = None,
+    eta: datetime | None = None,
+    on_commit: bool = True,
+    owner: Any = None,
+    task_id: str | None = None,
+    queue: str | None = None,
+    publish_options: Mapping[str, Any] | None = None,
+) -> JobHandle:
+    """Accept a job: check its payload, write its ledger row, publish after commit.
+
+    With an idempotency key, a second enqueue while the first job is active (or succeeded
+    within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
+    """
+    args, kwargs = list(args), dict(kwargs or {})
+    if not on_commit and transaction.get_connection().in_atomic_block:
+        raise ValueError(
+            "on_commit=False inside a transaction would publish a job whose ledger row the "
+            "worker cannot see yet; enqueue after the transaction, or keep on_commit=True"
+        )
+    conf = backlot_settings()
+    queue = check_queue(queue or task.queue_name)
+    payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=conf.MAX_PAYLOAD_BYTES)
+    priority = check_priority(task.default_priority if priority is None else priority)
+    now = timezone.now()
+    start_at = _resolve_start(delay, eta, now)
+    job = Job(
+        id=uuid.UUID(task_id) if task_id else uuid.uuid4(),
+        task_name=task.name,
+        args=args,
+        kwargs=kwargs,
+        queue=queue,
+        priority=priority,
+        owner=owner if getattr(owner, "pk", None) else None,
+        idempotency_key=idempotency_key or "",
+        state=JobState.SCHEDULED if start_at else JobState.QUEUED,
+        max_attempts=task.policy.max_attempts,
+        enqueued_at=now,
+        scheduled_for=start_at,
+        publish_options=_storable(publish_options),
+    )
+    if not task.track:
+        if idempotency_key:
+            raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
+        _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
+        return JobHandle(id=str(job.id), task_name=task.name)
+
+    if idempotency_key:
+        ttl = timedelta(seconds=conf.IDEMPOTENCY_TTL)
+        holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
+        if holder is not None:
+            return JobHandle(id=str(holder.id), task_name=task.name, created=False)
+    else:
+        ledger.insert(job)  # one INSERT is atomic on its own: no BEGIN/COMMIT round trip
+    publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN
+
+    def accepted() -> None:
+        if publishes:  # long delays wait in the ledger; the relay publishes them when due
+            publish_job(job=job, task=task, options=publish_options)
+        _announce(job)
+
+    _on_commit_or_now(on_commit, accepted)
+    return JobHandle(id=str(job.id), task_name=task.name)
+
+
+def _announce(job: Job) -> None:
+    events.send(
+        events.job_enqueued,
+        task=job.task_name,
+        job_id=str(job.id),
+        queue=job.queue,
+        priority=job.priority,
+        scheduled_for=job.scheduled_for,
+        owner_id=job.owner_id,
+    )
+
+
+def _publish_untracked(job: Job, task: Enqueueable, options: Mapping[str, Any] | None) -> None:
+    """An untracked job has no ledger row to wait in: a broker outage is the caller's error."""
+    if not publish_job(job=job, task=task, options=options):
+        raise BrokerUnavailable(f"Broker unavailable: untracked job {task.name} was not sent")
+    _announce(job)
+
+
+def publish_job(
+    *,
+    job: Job,
+    task: Enqueueable,
+    options: Mapping[str, Any] | None = None,
+    mark_published: bool = True,
+) -> bool:
+    """Hand a job's message to the broker and mark its row published; False (the row stays
+    in the outbox) when the broker is unavailable."""
+    now = timezone.now()
+    eta = job.scheduled_for if job.scheduled_for and job.scheduled_for > now else None
+    sent = broker.publish(
+        task=task,
+        job_id=str(job.id),
+        args=job.args,
+        kwargs=job.kwargs,
+        queue=job.queue,
+        priority=job.priority,
+        eta=eta,
+        options={**(job.publish_options or {}), **dict(options or {})},
+    )
+    if sent and task.track and mark_published:
+        ledger.mark_published([job.id], now=now)
+    return sent
+
+
+def enqueue_many(
+    task: Enqueueable,
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    *,
+    priority: int | None = None,
+    owner: Any = None,
+    on_commit: bool = True,
+    replay_of: Sequence[int] | None = None,
+) -> list[str]:
+    """Accept many jobs of one task at once; returns their ids, in the order of `calls`.
+
+    For fan-outs (a campaign's recipients): ledger rows by COPY, messages through one pipelined
+    publish, each chunk marked published once the broker took it. No idempotency keys here:
+    the caller records which items it enqueued in the same transaction. Every payload is
+    checked before anything is written, so a bad one fails the whole call and nothing is
+    half-accepted.
+    """
+    priority = check_priority(task.default_priority if priority is None else priority)
+    max_bytes = backlot_settings().MAX_PAYLOAD_BYTES
+    links: list[int | None] = list(replay_of) if replay_of is not None else [None] * len(calls)
+    rows = []
+    for (call_args, call_kwargs), link in zip(calls, links, strict=True):
+        args, kwargs = list(call_args), dict(call_kwargs)
+        payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
+        rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
+    if task.track:
+        prototype = Job(
+            task_name=task.name,
+            queue=check_queue(task.queue_name),
+            priority=priority,
+            owner=owner if getattr(owner, "pk", None) else None,
+            state=JobState.QUEUED,
+            max_attempts=task.policy.max_attempts,
+            enqueued_at=timezone.now(),
+        )
+        ledger.insert_many(prototype=prototype, rows=rows)
+
+    def publish() -> None:
+        messages = [(str(row.id), row.args, row.kwargs) for row in rows]
+        sent = broker.publish_many(
+            task=task,
+            jobs=messages,
+            priority=priority,
+            on_chunk=ledger.mark_published if task.track else None,
+        )
+        if sent < len(rows) and not task.track:
+            raise BrokerUnavailable(
+                f"Broker unavailable: {len(rows) - sent} untracked {task.name} jobs not sent"
+            )
+
+    _on_commit_or_now(on_commit, publish)
+    return [str(row.id) for row in rows]

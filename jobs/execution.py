@@ -1,0 +1,379 @@
+"""A job's run on the worker: rate slot → claim → run → decide with the policy → persist →
+publish → events, all before Celery acknowledges the message.
+
+PlatformTask.__call__ hands a delivery to ``run``; PlatformRequest (the worker's main process)
+calls ``attempt_failed`` for a hard time limit and ``worker_lost`` for a killed pool process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from billiard.exceptions import SoftTimeLimitExceeded, WorkerLostError
+from celery.exceptions import Ignore, Reject, Retry
+from django.db import DatabaseError
+from django.utils import timezone
+from kombu.exceptions import KombuError
+from redis.exceptions import RedisError
+
+from . import events, ledger
+from .broker import backlot_priority
+from .conf import backlot_settings
+from .enqueue import Enqueueable, publish_job
+from .exceptions import BrokerUnavailable
+from .lease import renewer
+from .models import Job
+from .policies import Permanent, TimeLimitHit
+from .ratelimit import RateLimiter
+
+logger = logging.getLogger(__name__)
+
+# Message options a re-sent job does not inherit from the delivery it replaces.
+NOT_CARRIED = frozenset(
+    {"task_id", "headers", "retries", "expires", "time_limit", "soft_time_limit"}
+)
+
+
+class Runnable(Enqueueable, Protocol):
+    """What a run needs of its task (PlatformTask has it)."""
+
+    cluster_rate_limit: str | Mapping[str, str] | None
+    on_dead: Callable[[BaseException, tuple, dict], None] | None
+
+    @property
+    def request(self) -> Any: ...
+
+    def run(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def rate_bucket(self, args: tuple, kwargs: dict) -> tuple[str, str | None]: ...
+
+
+def request_priority(task: Runnable) -> int:
+    broker = (task.request.delivery_info or {}).get("priority")
+    return backlot_priority(broker) if isinstance(broker, int) else task.default_priority
+
+
+def request_queue(task: Runnable) -> str:
+    return (task.request.delivery_info or {}).get("routing_key") or task.queue_name
+
+
+def _defaults(task: Runnable) -> ledger.Defaults:
+    return ledger.Defaults(task.name, request_queue(task), request_priority(task))
+
+
+def _job_id(task: Runnable) -> str:
+    job_id = task.request.id
+    if job_id is None:
+        raise RuntimeError(f"{task.name}: no job id outside a worker run")
+    return str(job_id)
+
+
+def _event(signal: Any, task: Runnable, attempt: int, **arguments: Any) -> None:
+    events.send(
+        signal,
+        task=task.name,
+        job_id=_job_id(task),
+        queue=request_queue(task),
+        attempt=attempt,
+        **arguments,
+    )
+
+
+def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
+    """One delivery of a job: take a rate slot, claim, run, record the outcome."""
+    request = task.request
+    lease_seconds = backlot_settings().LEASE_SECONDS
+    try:
+        if task.cluster_rate_limit and not _take_rate_slot(task, args, kwargs):
+            raise Ignore()
+        claim = None
+        if task.track:
+            claim = ledger.claim(
+                job_id=request.id,
+                lease_seconds=lease_seconds,
+                adopt=Job(
+                    id=request.id,
+                    task_name=task.name,
+                    args=list(args),
+                    kwargs=dict(kwargs),
+                    queue=request_queue(task),
+                    priority=request_priority(task),
+                    max_attempts=task.policy.max_attempts,
+                ),
+            )
+            if claim is None:
+                raise Ignore()
+    except (DatabaseError, RedisError, KombuError, OSError) as exc:
+        # The ledger or Redis is unreachable: hand the message back rather than ack it.
+        logger.warning("Job %s could not be claimed (%s); message requeued", request.id, exc)
+        raise Reject(str(exc), requeue=True) from exc
+    except (Ignore, Reject):
+        raise
+    except Exception as exc:  # e.g. a broken rate_key: the job cannot start, record why
+        give_up(task, exc, args=args, kwargs=kwargs, attempt=0, failures=[], fenced=False)
+        raise
+    attempt = claim.attempt if claim else (request.retries or 0) + 1
+    failures = claim.failures if claim else []
+    _event(events.job_started, task, attempt)
+    if claim:
+        renewer.hold(job_id=request.id, attempt=attempt, lease_seconds=lease_seconds)
+    started = time.monotonic()
+    try:
+        result = task.run(*args, **kwargs)
+    except Retry:
+        raise
+    except Ignore:  # the job decided it has nothing (more) to do
+        _succeeded(task, attempt, time.monotonic() - started, None)
+        raise
+    except Reject as exc:
+        # celery-types omits Reject's requeue/reason, which Reject.__init__ sets.
+        if exc.requeue and task.track:  # type: ignore[attr-defined]
+            ledger.release(job_id=request.id)
+            raise
+        reason = Permanent(f"rejected: {exc.reason}")  # type: ignore[attr-defined]
+        attempt_failed(
+            task,
+            reason,
+            args=args,
+            kwargs=kwargs,
+            attempt=attempt,
+            failures=failures,
+            run_seconds=time.monotonic() - started,
+        )
+        raise
+    except Exception as exc:
+        attempt_failed(
+            task,
+            exc,
+            args=args,
+            kwargs=kwargs,
+            attempt=attempt,
+            failures=failures,
+            run_seconds=time.monotonic() - started,
+        )
+        raise  # gave up: Celery records the failure and acknowledges after the dead letter
+    finally:
+        if claim:
+            renewer.release(request.id)
+        throttle = getattr(request, "_backlot_progress", None)
+        if throttle is not None:
+            throttle.close()
+    _succeeded(task, attempt, time.monotonic() - started, result)
+    return result
+
+
+def _succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> None:
+    if task.track:
+        ledger.succeed(job_id=_job_id(task), attempt=attempt, run_seconds=duration, result=result)
+    _event(events.job_succeeded, task, attempt, duration=duration, result=result)
+
+
+def attempt_failed(
+    task: Runnable,
+    exc: BaseException,
+    *,
+    args: tuple,
+    kwargs: dict,
+    attempt: int,
+    failures: list[dict[str, Any]],
+    run_seconds: float | None = None,
+    traceback: str = "",
+) -> None:
+    """Decide with the policy, persist, publish, then send the event: raises Celery's Retry
+    when a retry was scheduled, Ignore when this run lost its claim; returns after giving up.
+    """
+    reason = (
+        TimeLimitHit(str(exc) or "soft time limit")
+        if isinstance(exc, SoftTimeLimitExceeded)
+        else exc
+    )
+    decision = task.policy.decide(reason, attempt)
+    if not decision.retry:
+        give_up(
+            task,
+            reason,
+            args=args,
+            kwargs=kwargs,
+            attempt=attempt,
+            failures=failures,
+            run_seconds=run_seconds,
+            traceback=traceback,
+            fenced=task.track,
+        )
+        return
+    if not _schedule_retry(
+        task, args, kwargs, attempt, failures, reason, decision.delay, run_seconds
+    ):
+        raise Ignore()  # this run lost its claim; the job's current run decides
+    _event(
+        events.job_retrying,
+        task,
+        attempt,
+        duration=run_seconds,
+        exception=reason,
+        delay=decision.delay,
+    )
+    # celery-types wants an Exception and a numbers.Real; Celery takes any exception and a float.
+    raise Retry(exc=reason, when=decision.delay)  # type: ignore[arg-type]
+
+
+def give_up(
+    task: Runnable,
+    exc: BaseException,
+    *,
+    args: tuple | list,
+    kwargs: dict,
+    attempt: int,
+    failures: list[dict[str, Any]],
+    run_seconds: float | None = None,
+    traceback: str = "",
+    fenced: bool = True,
+) -> None:
+    """The job is dead: its ledger row and dead letter (one transaction), the event, and the
+    job's on_dead hook. `fenced`: only the run holding the claim of `attempt` may do it."""
+    dead_letter = ledger.give_up(
+        job_id=_job_id(task),
+        defaults=_defaults(task),
+        args=args,
+        kwargs=kwargs,
+        attempt=attempt,
+        exc=exc,
+        traceback=traceback,
+        failures=failures,
+        run_seconds=run_seconds,
+        claimed_attempt=attempt if fenced else None,
+        tracked=task.track,
+    )
+    _event(
+        events.job_dead,
+        task,
+        attempt,
+        duration=run_seconds,
+        exception=exc,
+        dead_letter_id=dead_letter.pk if dead_letter else None,
+    )
+    call_on_dead(task, exc, args, kwargs)
+
+
+def call_on_dead(task: Runnable, exc: BaseException, args: Any, kwargs: Any) -> None:
+    """Run the job's on_dead hook; its failure is logged, never raised over the original."""
+    if task.on_dead is None:
+        return
+    try:
+        task.on_dead(exc, tuple(args), dict(kwargs))
+    except Exception:
+        logger.exception("on_dead hook of %s failed", task.name)
+
+
+def worker_lost(task: Runnable, exc: BaseException, *, args: Any, kwargs: Any) -> Exception | None:
+    """A pool process died running the job: free the claim so the requeued message runs
+    again, until it died MAX_WORKER_CRASHES times (a poison pill), when it gives up.
+    Returns the reason it gave up with, or None."""
+    job_id = _job_id(task)
+    crashes = ledger.release(job_id=job_id, crashed=True)
+    if crashes < backlot_settings().MAX_WORKER_CRASHES:
+        return None
+    job = Job.objects.filter(id=job_id).only("attempts", "failures").first()
+    reason = WorkerLostError(f"worker process died {crashes} times running this job: {exc}")
+    give_up(
+        task,
+        reason,
+        args=args,
+        kwargs=kwargs,
+        attempt=job.attempts if job else crashes,
+        failures=list(job.failures) if job else [],
+        traceback=str(exc),
+        fenced=False,
+    )
+    return reason
+
+
+def _schedule_retry(
+    task: Runnable,
+    args: tuple,
+    kwargs: dict,
+    attempt: int,
+    failures: list[dict[str, Any]],
+    exc: BaseException,
+    delay: float,
+    run_seconds: float | None,
+) -> bool:
+    """Record the failed attempt and publish the next; False if this run lost its claim."""
+    job_id = _job_id(task)
+    due: datetime | None = timezone.now() + timedelta(seconds=delay)
+    if task.track:
+        due = ledger.retry_later(
+            job_id=job_id,
+            attempt=attempt,
+            failures=failures,
+            exc=exc,
+            delay=delay,
+            run_seconds=run_seconds or 0.0,
+        )
+        if due is None:
+            return False
+        if delay > backlot_settings().MAX_BROKER_COUNTDOWN:
+            return True  # a long wait stays in the ledger; the relay publishes it when due
+    if not resend(task, args, kwargs, due, {"retries": attempt}) and not task.track:
+        raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")
+    return True
+
+
+def resend(
+    task: Runnable,
+    args: tuple,
+    kwargs: dict,
+    due: datetime | None,
+    options: dict[str, Any],
+    mark_published: bool = True,
+) -> bool:
+    """Publish this job's message again (same id) for `due`; the relay covers a failure.
+
+    Canvas links (chain, chord, group, callbacks) ride along, so a retried chord member still
+    counts toward its chord.
+    """
+    carried = {
+        key: value
+        for key, value in task.request.as_execution_options().items()
+        if value is not None and key not in NOT_CARRIED
+    }
+    job = Job(
+        id=task.request.id,
+        args=list(args),
+        kwargs=dict(kwargs),
+        queue=request_queue(task),
+        priority=request_priority(task),
+        scheduled_for=due,
+    )
+    return publish_job(
+        job=job, task=task, options={**carried, **options}, mark_published=mark_published
+    )
+
+
+def _take_rate_slot(task: Runnable, args: tuple, kwargs: dict) -> bool:
+    """True when the job may run now; otherwise it is re-sent for its turn (no attempt)."""
+    request = task.request
+    slot = getattr(request, "backlot_rate_slot", None)
+    if slot is not None and slot <= time.time() + 0.05:
+        return True
+    bucket, rate = task.rate_bucket(args, kwargs)
+    if rate is None:
+        return True
+    decision = RateLimiter().acquire(bucket, rate)
+    if decision.allowed:
+        return True
+    headers = {"backlot_rate_slot": time.time() + decision.wait} if decision.reserved else {}
+    # An unreserved wait can be long ("1/h"): never park a message in Redis past the
+    # visibility timeout; it comes back, asks again and waits some more.
+    wait = min(decision.wait, backlot_settings().MAX_BROKER_COUNTDOWN)
+    due = timezone.now() + timedelta(seconds=wait)
+    retries = {"retries": request.retries or 0, "headers": headers}
+    if not resend(task, args, kwargs, due, retries, mark_published=False):
+        raise Reject("rate-limited job could not be re-sent", requeue=True)
+    events.send(events.job_rate_limited, task=task.name, job_id=request.id, wait=decision.wait)
+    logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
+    return False

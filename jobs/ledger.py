@@ -1,0 +1,512 @@
+"""Every write to the job ledger, each named for its event and guarded by jobs.states.
+
+A write matches only rows in one of its event's from-states (``sources(event)``), and a
+worker's writes are also fenced by the attempt number of the run holding the claim: a run
+that lost its claim changes nothing. No Celery, no Redis here: publishing is the caller's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import traceback as traceback_module
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, OuterRef, Q, Subquery
+from django.utils import timezone
+
+from .models import DeadLetter, IdempotencyRecord, Job
+from .states import DeadLetterStatus, JobState, sources, target
+
+logger = logging.getLogger(__name__)
+
+# Failures the ledger keeps per job (the newest); older ones are summarized by the count.
+MAX_FAILURES_KEPT = 20
+# A scheduled job's message may arrive this much before its time (clock skew between hosts).
+EARLY_TOLERANCE = timedelta(seconds=2)
+# Rows per statement: keeps one statement's parameters well under PostgreSQL's 65,535 and
+# SQLite's 32,766 limits (Job has ~30 columns).
+BULK_BATCH = 1000
+
+
+def _user(by: Any) -> Any:
+    return by if getattr(by, "pk", None) else None
+
+
+# --- enqueue: a new row, queued or scheduled -----------------------------------------------
+def insert(job: Job) -> None:
+    """A new job (queued, or scheduled for later): one INSERT, atomic on its own."""
+    job.save(force_insert=True)
+
+
+def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> Job | None:
+    """Insert `job` holding the idempotency `key`, or return the job that already holds it.
+
+    Runs in the caller's transaction (or its own): the key is a unique row, and IntegrityError
+    means another enqueue holds it.
+    """
+    scoped = f"{job.task_name}:{key}"
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                job.save(force_insert=True)
+                IdempotencyRecord.objects.create(key=scoped, job=job, created_at=now)
+                return None
+        except IntegrityError:
+            pass
+        # Lock the record alone: a join would let PostgreSQL drop the row when another enqueue
+        # re-points it to a new job while we wait for the lock.
+        record = IdempotencyRecord.objects.select_for_update(of=("self",)).get(key=scoped)
+        if record.holds(ttl, now):
+            return record.job
+        # The holder is dead or its success has expired: this enqueue takes the key over.
+        job.save(force_insert=True)
+        record.job = job
+        record.created_at = now
+        record.save(update_fields=["job", "created_at"])
+        return None
+
+
+@dataclass(frozen=True)
+class NewRow:
+    """One row of a bulk insert: what differs from the prototype row."""
+
+    id: uuid.UUID
+    args: list[Any]
+    kwargs: dict[str, Any]
+    replay_of: int | None = None
+
+
+_VARYING = ("id", "args", "kwargs", "replay_of_id")
+
+
+def insert_many(*, prototype: Job, rows: Sequence[NewRow]) -> None:
+    """New jobs sharing everything but id, arguments and replay link: COPY on PostgreSQL
+    (the constant columns converted once), multi-row INSERTs elsewhere."""
+    if connection.vendor != "postgresql":
+        shared = {
+            f.attname: getattr(prototype, f.attname)
+            for f in Job._meta.concrete_fields
+            if f.attname not in _VARYING
+        }
+        Job.objects.bulk_create(
+            [
+                Job(**shared, id=r.id, args=r.args, kwargs=r.kwargs, replay_of_id=r.replay_of)
+                for r in rows
+            ],
+            batch_size=BULK_BATCH,
+        )
+        return
+    constant = [
+        (f.column, f.get_db_prep_save(getattr(prototype, f.attname), connection))
+        for f in Job._meta.concrete_fields
+        if f.attname not in _VARYING
+    ]
+    columns = ", ".join(
+        connection.ops.quote_name(name) for name in (*_VARYING, *(c for c, _ in constant))
+    )
+    tail = tuple(value for _, value in constant)
+    adapt = connection.ops.adapt_json_value
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with (
+        connection.cursor() as cursor,
+        cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
+    ):
+        for r in rows:
+            copy.write_row((r.id, adapt(r.args, None), adapt(r.kwargs, None), r.replay_of, *tail))
+
+
+# --- published marks (the outbox) ----------------------------------------------------------
+def mark_published(job_ids: Iterable[str | uuid.UUID], *, now: datetime | None = None) -> int:
+    """The broker took these jobs' messages: they leave the outbox (state unchanged)."""
+    ids = list(job_ids)
+    return Job.objects.filter(id__in=ids, state__in=sources("mark_published")).update(
+        published_at=now or timezone.now()
+    )
+
+
+def lapsed_leases_requeued(*, now: datetime) -> int:
+    """From running to queued: jobs whose worker stopped renewing (died, lost its host)."""
+    return Job.objects.filter(state__in=sources("lease_lapsed"), lease_expires_at__lt=now).update(
+        state=target("lease_lapsed"), lease_expires_at=None, published_at=None
+    )
+
+
+def waiting_but_due(now: datetime, lost_after: timedelta) -> Any:
+    """Jobs that wait for a worker and may run now: queued, or scheduled/retrying whose time
+    came more than `lost_after` ago."""
+    return Job.objects.filter(
+        Q(state=JobState.QUEUED)
+        | Q(state__in=(JobState.SCHEDULED, JobState.RETRYING), scheduled_for__lt=now - lost_after)
+    )
+
+
+def republish(
+    *, now: datetime, published_before: datetime, lost_after: timedelta, queue: str | None = None
+) -> int:
+    """Back into the outbox: waiting jobs published before `published_before` whose message
+    the broker lost (state unchanged, published_at cleared)."""
+    rows = waiting_but_due(now, lost_after).filter(
+        state__in=sources("republish"), published_at__lt=published_before
+    )
+    if queue is not None:
+        rows = rows.filter(queue=queue)
+    return rows.update(published_at=None)
+
+
+# --- a worker's run -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Claim:
+    """A worker's hold on a job for one run."""
+
+    job_id: str
+    attempt: int
+    max_attempts: int
+    failures: list[dict[str, Any]]
+
+
+_CLAIM_SQL = """
+UPDATE {table} SET state = %s, attempts = attempts + 1, deliveries = deliveries + 1,
+    started_at = COALESCE(started_at, %s), last_started_at = %s, lease_expires_at = %s
+WHERE id = %s AND (
+    state = %s
+    OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
+    OR (state = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)))
+RETURNING attempts, max_attempts, failures
+"""
+
+
+def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Claim | None:
+    """From waiting (or running under a lapsed lease) to running, for this delivery; None
+    when the message must be dropped.
+
+    Only a job that waits (queued, scheduled, retrying), or runs under an expired lease, can
+    be claimed: a redelivered message of a running or finished job is a duplicate. A message
+    with no ledger row (sent by name with send_task, bypassing enqueue) is adopted: `adopt`,
+    an unsaved row describing it, is inserted and claimed.
+    """
+    now = timezone.now()
+    claimed = _claim_in_one_statement(job_id=job_id, now=now, lease_seconds=lease_seconds)
+    if claimed is not None:
+        return claimed
+    # Not claimable as it stands: find out why (missing, duplicate, early) under a row lock.
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .only(
+                "state",
+                "attempts",
+                "max_attempts",
+                "failures",
+                "lease_expires_at",
+                "started_at",
+                "scheduled_for",
+            )
+            .filter(id=job_id)
+            .first()
+        )
+        if job is None:
+            if adopt is None:
+                logger.warning("Job %s has no ledger row; message dropped", job_id)
+                return None
+            try:
+                with transaction.atomic():
+                    adopt.published_at = adopt.enqueued_at = now
+                    adopt.save(force_insert=True)
+            except IntegrityError:  # a concurrent delivery adopted it first
+                logger.info("Job %s adopted by another delivery; dropped", job_id)
+                return None
+            job = adopt
+        expired = job.state == JobState.RUNNING and (
+            job.lease_expires_at is None or job.lease_expires_at < now
+        )
+        if job.state not in sources("claim") or (job.state == JobState.RUNNING and not expired):
+            logger.info("Job %s is %s; duplicate delivery dropped", job_id, job.state)
+            Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
+            return None
+        if (
+            job.state in sources("drop_early")
+            and job.scheduled_for is not None
+            and job.scheduled_for > now + EARLY_TOLERANCE
+        ):
+            # A stray copy arrived before the job's time (a requeue, a relay duplicate): drop it
+            # and let the relay publish the job when it is due.
+            logger.info(
+                "Job %s is not due until %s; early delivery dropped", job_id, job.scheduled_for
+            )
+            Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1, published_at=None)
+            return None
+        job.state = target("claim")
+        job.attempts += 1
+        job.started_at = job.started_at or now
+        job.last_started_at = now
+        job.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        job.save(
+            update_fields=["state", "attempts", "started_at", "last_started_at", "lease_expires_at"]
+        )
+        Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
+    return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures))
+
+
+def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float) -> Claim | None:
+    """The common case in one UPDATE … RETURNING (PostgreSQL, SQLite ≥ 3.35): no transaction,
+    no SELECT FOR UPDATE, one round trip. None when the job is not claimable as it stands."""
+    fields = {f.name: f for f in Job._meta.fields}
+
+    def at(value: datetime) -> Any:
+        return fields["started_at"].get_db_prep_value(value, connection)
+
+    params = [
+        target("claim"),
+        at(now),
+        at(now),
+        at(now + timedelta(seconds=lease_seconds)),
+        fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), connection),
+        JobState.QUEUED,
+        JobState.SCHEDULED,
+        JobState.RETRYING,
+        at(now + EARLY_TOLERANCE),
+        JobState.RUNNING,
+        at(now),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL.format(table=connection.ops.quote_name(Job._meta.db_table)), params
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    attempts, max_attempts, failures = row
+    if isinstance(failures, (str, bytes)):
+        failures = json.loads(failures)
+    return Claim(str(job_id), attempts, max_attempts, list(failures or []))
+
+
+def _held(job_id: str, attempt: int, event: str) -> Any:
+    """The row, if the run of `attempt` still holds it in a from-state of `event`."""
+    return Job.objects.filter(id=job_id, state__in=sources(event), attempts=attempt)
+
+
+def renew(*, job_id: str, attempt: int, lease_seconds: float) -> bool:
+    """Running stays running: extend the lease of the run holding the claim; False once it
+    no longer does."""
+    return bool(
+        _held(job_id, attempt, "renew").update(
+            lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds)
+        )
+    )
+
+
+def progress(*, job_id: str, done: int, total: int | None, message: str) -> None:
+    """Running stays running: the latest progress step of a running job."""
+    Job.objects.filter(id=job_id, state__in=sources("progress")).update(
+        progress_done=max(0, int(done)),
+        progress_total=None if total is None else max(0, int(total)),
+        progress_message=message[:255],
+    )
+
+
+def succeed(*, job_id: str, attempt: int, run_seconds: float, result: Any = None) -> bool:
+    """From running to succeeded, with the return value, in one UPDATE; a run that lost its
+    claim changes nothing."""
+    try:
+        json.dumps(result, cls=DjangoJSONEncoder)
+    except (TypeError, ValueError):
+        logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
+        result = None
+    return bool(
+        _held(job_id, attempt, "succeed").update(
+            state=target("succeed"),
+            finished_at=timezone.now(),
+            lease_expires_at=None,
+            run_seconds=run_seconds,
+            error="",
+            result=result,
+        )
+    )
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """(dotted class name, message) of an exception, as the ledger records it."""
+    cls = type(exc)
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    return name, str(exc)
+
+
+def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str, Any]:
+    name, message = describe_exception(exc)
+    return {
+        "attempt": attempt,
+        "at": when.isoformat(),
+        "exception": name,
+        "message": message[:1000],
+    }
+
+
+def retry_later(
+    *,
+    job_id: str,
+    attempt: int,
+    failures: list[dict[str, Any]],
+    exc: BaseException,
+    delay: float,
+    run_seconds: float,
+) -> datetime | None:
+    """From running to retrying: record the failed attempt and when the next is due; None when
+    this run no longer holds the claim (nothing is written then).
+
+    The row is left unpublished: the caller publishes it (and marks it) when the broker should
+    hold it, otherwise the relay does once it is due.
+    """
+    now = timezone.now()
+    due = now + timedelta(seconds=delay)
+    name, message = describe_exception(exc)
+    updated = _held(job_id, attempt, "retry_later").update(
+        state=target("retry_later"),
+        scheduled_for=due,
+        published_at=None,
+        lease_expires_at=None,
+        failed_at=now,
+        run_seconds=run_seconds,
+        error=f"{name}: {message}",
+        failures=[*failures, _failure_entry(attempt, exc, now)][-MAX_FAILURES_KEPT:],
+    )
+    return due if updated else None
+
+
+def release(*, job_id: str, crashed: bool = False) -> int:
+    """From running to queued: free a claim so the requeued message runs again; returns the
+    job's crash count."""
+    fields: dict[str, Any] = {"state": target("release"), "lease_expires_at": None}
+    if crashed:
+        fields["crashes"] = F("crashes") + 1
+    Job.objects.filter(id=job_id, state__in=sources("release")).update(**fields)
+    return Job.objects.filter(id=job_id).values_list("crashes", flat=True).first() or 0
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a dead letter records for a job with no ledger row (untracked, or never adopted)."""
+
+    task_name: str
+    queue: str
+    priority: int
+
+
+def give_up(
+    *,
+    job_id: str,
+    defaults: Defaults,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    attempt: int,
+    exc: BaseException,
+    traceback: str = "",
+    failures: list[dict[str, Any]] | None = None,
+    run_seconds: float | None = None,
+    claimed_attempt: int | None = None,
+    tracked: bool = True,
+) -> DeadLetter | None:
+    """From active to dead, with its dead letter, in one transaction.
+
+    With `claimed_attempt`, only the run holding that claim may do it (None otherwise).
+    """
+    now = timezone.now()
+    name, message = describe_exception(exc)
+    tb = traceback or "".join(traceback_module.format_exception(exc))
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).first() if tracked else None
+        if job is not None and (
+            job.state not in sources("give_up")
+            or (
+                claimed_attempt is not None
+                and (job.state != JobState.RUNNING or job.attempts != claimed_attempt)
+            )
+        ):
+            logger.warning(
+                "Job %s: run %s lost its claim; not writing a dead letter", job_id, claimed_attempt
+            )
+            return None
+        history = (failures or []) + [_failure_entry(attempt, exc, now)]
+        if job is not None:
+            job.state = target("give_up")
+            job.finished_at = job.failed_at = now
+            job.lease_expires_at = None
+            job.error = f"{name}: {message}"
+            job.failures = history[-MAX_FAILURES_KEPT:]
+            if run_seconds is not None:
+                job.run_seconds = run_seconds
+            job.save(
+                update_fields=[
+                    "state",
+                    "finished_at",
+                    "failed_at",
+                    "lease_expires_at",
+                    "error",
+                    "failures",
+                    "run_seconds",
+                ]
+            )
+        dead_letter, _ = DeadLetter.objects.update_or_create(
+            job_id_value=job_id,
+            status=DeadLetterStatus.DEAD,
+            defaults={
+                "job": job,
+                "task_name": defaults.task_name,
+                "args": list(args),
+                "kwargs": dict(kwargs),
+                "queue": job.queue if job else defaults.queue,
+                "priority": job.priority if job else defaults.priority,
+                "owner_id": job.owner_id if job else None,
+                "attempts": attempt,
+                "exception_class": name,
+                "exception_message": message,
+                "traceback": tb,
+                "first_failed_at": datetime.fromisoformat(history[0]["at"]),
+                "last_failed_at": now,
+            },
+        )
+    return dead_letter
+
+
+# --- dead letters: replayed or discarded --------------------------------------------------
+def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any = None) -> None:
+    """From dead to replayed: the dead letter points at its new job (locked by the caller)."""
+    if job_id is not None:
+        Job.objects.filter(id=job_id).update(replay_of=dead_letter)
+    DeadLetter.objects.filter(pk=dead_letter.pk, status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.REPLAYED,
+        replayed_job_id=job_id,
+        resolved_at=timezone.now(),
+        resolved_by=_user(by),
+    )
+
+
+def dead_letters_replayed(*, pks: Sequence[int], by: Any = None) -> int:
+    """From dead to replayed for many rows in one UPDATE; each row's new job is the newest
+    job whose replay_of points at it."""
+    return DeadLetter.objects.filter(pk__in=pks, status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.REPLAYED,
+        replayed_job_id=Subquery(
+            Job.objects.filter(replay_of_id=OuterRef("pk"))
+            .order_by("-enqueued_at")
+            .values("id")[:1]
+        ),
+        resolved_at=timezone.now(),
+        resolved_by=_user(by),
+    )
+
+
+def dead_letters_discarded(*, queryset: Any, by: Any = None) -> int:
+    """From dead to discarded: an operator decided these will not run."""
+    return queryset.filter(status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.DISCARDED, resolved_at=timezone.now(), resolved_by=_user(by)
+    )

@@ -1,0 +1,101 @@
+"""The job state machine: JobState, the dead-letter statuses and the TRANSITIONS table.
+
+Every write to the ledger (jobs.ledger) names one event of this table and takes its guard from
+it: the UPDATE matches only rows in one of the event's from-states, so a write that the table
+does not allow changes nothing. tests/jobs/test_states.py walks the table against the ledger.
+
+    event            from                                   to
+    enqueue          (new row)                              queued, or scheduled when delayed
+    claim            queued, scheduled*, retrying*, running†  running
+    renew            running (this run's attempt)           running
+    progress         running                                running
+    succeed          running (this run's attempt)           succeeded
+    retry_later      running (this run's attempt)           retrying
+    release          running                                queued
+    lease_lapsed     running†                               queued
+    give_up          queued, scheduled, retrying, running   dead  (+ a DeadLetter, one transaction)
+    mark_published   queued, scheduled, retrying, running   (unchanged; published_at set)
+    republish        queued, scheduled*, retrying*          (unchanged; published_at cleared)
+    drop_early       scheduled, retrying                    (unchanged; published_at cleared)
+
+    * once due (scheduled_for has come)   † only once its lease has lapsed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import models
+
+
+class JobState(models.TextChoices):
+    """Where a job is in its life."""
+
+    QUEUED = "queued", "Queued"  # published (or waiting for the relay), not yet claimed
+    SCHEDULED = "scheduled", "Scheduled"  # waits for `scheduled_for` (delay, eta or rate limit)
+    RUNNING = "running", "Running"  # claimed by a worker under a lease
+    RETRYING = "retrying", "Retrying"  # failed an attempt; the next one is scheduled
+    SUCCEEDED = "succeeded", "Succeeded"  # finished; its return value is in `result`
+    DEAD = "dead", "Dead"  # gave up; a DeadLetter row holds what is needed to replay it
+
+
+class DeadLetterStatus(models.TextChoices):
+    """What became of a job that gave up."""
+
+    DEAD = "dead", "Dead"  # waiting for an operator
+    REPLAYED = "replayed", "Replayed"  # sent again as a new job (see replayed_job)
+    DISCARDED = "discarded", "Discarded"  # an operator decided not to run it
+
+
+ACTIVE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYING)
+WAITING_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING)
+CLAIMABLE_STATES = WAITING_STATES
+FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD)
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One event of the state machine: the states it may start from and where it leads.
+
+    `target` None means the event leaves the state as it is (it marks the row, e.g. published).
+    """
+
+    event: str
+    sources: tuple[JobState, ...]
+    target: JobState | None
+
+    def allows(self, state: str) -> bool:
+        return state in self.sources
+
+
+def _table(*transitions: Transition) -> dict[str, Transition]:
+    return {t.event: t for t in transitions}
+
+
+TRANSITIONS: dict[str, Transition] = _table(
+    Transition("claim", (*WAITING_STATES, JobState.RUNNING), JobState.RUNNING),
+    Transition("renew", (JobState.RUNNING,), JobState.RUNNING),
+    Transition("progress", (JobState.RUNNING,), JobState.RUNNING),
+    Transition("succeed", (JobState.RUNNING,), JobState.SUCCEEDED),
+    Transition("retry_later", (JobState.RUNNING,), JobState.RETRYING),
+    Transition("release", (JobState.RUNNING,), JobState.QUEUED),
+    Transition("lease_lapsed", (JobState.RUNNING,), JobState.QUEUED),
+    Transition("give_up", ACTIVE_STATES, JobState.DEAD),
+    # A fast worker may claim a job before its publisher marks it: the mark still lands.
+    Transition("mark_published", ACTIVE_STATES, None),
+    Transition("republish", WAITING_STATES, None),
+    Transition("drop_early", (JobState.SCHEDULED, JobState.RETRYING), None),
+)
+
+
+def sources(event: str) -> tuple[JobState, ...]:
+    """The from-states of `event`: the guard of the ledger write that carries it out."""
+    return TRANSITIONS[event].sources
+
+
+def target(event: str) -> JobState:
+    """The state `event` leads to (for events that change the state)."""
+    to = TRANSITIONS[event].target
+    if to is None:
+        raise ValueError(f"event {event!r} does not change a job's state")
+    return to

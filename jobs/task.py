@@ -1,0 +1,191 @@
+"""PlatformTask: the one Celery task class behind every @job, thin over jobs.enqueue (the
+caller's side) and jobs.execution (the worker's side).
+
+``email_send.enqueue(1, "x")`` is type-checked against the job function's signature;
+enqueue options go through ``using()``: ``email_send.using(priority=9, owner=user).enqueue(1)``
+(the way django-tasks' ``Task.using()`` does it). Plain Celery ``.delay()`` and
+``.apply_async()`` take the same ledger-backed path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from celery import Task
+
+from . import enqueue as enqueuing
+from . import execution
+from .conf import backlot_settings
+from .enqueue import JobHandle
+from .policies import DEFAULT_POLICY, Retryable, RetryPolicy
+from .progress import ProgressThrottle
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+RateKey = Callable[[tuple, dict], Any] | str
+# enqueue() options a caller may pass with using(), or (untyped) to enqueue() itself.
+ENQUEUE_OPTIONS = frozenset(
+    {"idempotency_key", "priority", "delay", "eta", "on_commit", "owner", "queue"}
+)
+# Options apply_async takes over into the ledger row; the rest pass through to the message.
+_APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue"})
+
+
+@dataclass(frozen=True)
+class Enqueuer(Generic[P, R]):
+    """A job with enqueue options bound: ``.enqueue(*args, **kwargs)`` accepts it."""
+
+    task: PlatformTask[P, R]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        return enqueuing.enqueue(task=self.task, args=args, kwargs=kwargs, **self.options)
+
+
+class PlatformTask(Task[P, R]):
+    """Base class installed by @job; the class attributes below are set per job."""
+
+    Request = "jobs.request:PlatformRequest"
+    acks_late = True
+    reject_on_worker_lost = True
+    # Backlot options (see jobs.decorators.job)
+    policy: RetryPolicy = DEFAULT_POLICY
+    track: bool = True
+    queue_name: str = "default"  # not Celery's `queue` attribute, which 6.0 removes
+    default_priority: int = 5
+    cluster_rate_limit: str | Mapping[str, str] | None = None
+    rate_key: RateKey | None = None
+    # Called as on_dead(exc, args, kwargs) after the job gave up and its dead letter is written.
+    on_dead: Callable[[BaseException, tuple, dict], None] | None = None
+
+    # --- caller's side -----------------------------------------------------------------
+    def using(
+        self,
+        *,
+        idempotency_key: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        eta: datetime | None = None,
+        on_commit: bool = True,
+        owner: Any = None,
+        queue: str | None = None,
+    ) -> Enqueuer[P, R]:
+        """This job with enqueue options; see jobs.enqueue.enqueue."""
+        return Enqueuer(
+            self,
+            {
+                "idempotency_key": idempotency_key,
+                "priority": priority,
+                "delay": delay,
+                "eta": eta,
+                "on_commit": on_commit,
+                "owner": owner,
+                "queue": queue,
+            },
+        )
+
+    def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
+        """Accept the job with these arguments: its ledger row now, its message after commit.
+
+        Enqueue options belong in using(); passed here by name they still apply (untyped).
+        """
+        options: dict[str, Any] = {key: kwargs.pop(key) for key in ENQUEUE_OPTIONS & kwargs.keys()}
+        return enqueuing.enqueue(task=self, args=args, kwargs=kwargs, **options)
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
+        **options: Any,
+    ) -> Any:
+        if options.pop("_backlot_internal", False) or self.app.conf.task_always_eager:
+            return super().apply_async(
+                args,
+                kwargs,
+                task_id=task_id,
+                producer=producer,
+                link=link,
+                link_error=link_error,
+                shadow=shadow,
+                **options,
+            )
+        # Plain Celery .delay()/.apply_async(): the same ledger-backed path as enqueue().
+        passthrough = {k: v for k, v in options.items() if k not in _APPLY_OPTIONS}
+        if link is not None:
+            passthrough["link"] = link
+        if link_error is not None:
+            passthrough["link_error"] = link_error
+        priority = options.get("priority")
+        handle = enqueuing.enqueue(
+            task=self,
+            args=args or (),
+            kwargs=kwargs or {},
+            queue=options.get("queue"),
+            # Backlot's scale: 0 (lowest) to 9 (highest); larger values (AMQP's 0-255) clamp.
+            priority=None if priority is None else max(0, min(9, int(priority))),
+            delay=options.get("countdown"),
+            eta=options.get("eta"),
+            task_id=task_id,
+            publish_options=passthrough,
+        )
+        return self.AsyncResult(handle.id)
+
+    def retry(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's retry() maps onto the retry policy: a Retryable with the asked delay."""
+        raise Retryable(str(exc or "retry requested"), retry_after=countdown) from exc
+
+    # --- worker's side -----------------------------------------------------------------
+    def progress(self, done: int, total: int | None = None, message: str = "") -> None:
+        """Report progress, visible in the ledger and the status API.
+
+        Throttled to one write per BACKLOT['PROGRESS_INTERVAL'] seconds: a call inside the
+        interval is kept and written when the interval ends (so the latest step shows even if
+        the job then blocks), and the final step (done >= total) is written at once.
+        """
+        request = self.request
+        if not self.track or not request.id or request.called_directly:
+            return
+        throttle = getattr(request, "_backlot_progress", None)
+        if throttle is None:
+            # Kept on Celery's per-request Context (which declares no such attribute).
+            throttle = request._backlot_progress = ProgressThrottle(  # type: ignore[attr-defined]
+                request.id, backlot_settings().PROGRESS_INTERVAL
+            )
+        throttle.report(done, total, message)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        request = self.request
+        if request.called_directly or request.is_eager or not request.id:
+            return self.run(*args, **kwargs)
+        result: R = execution.run(self, args, kwargs)
+        return result
+
+    def rate_bucket(self, args: tuple, kwargs: dict) -> tuple[str, str | None]:
+        """The bucket name and rate for this call (per key when rate_key is set)."""
+        key = None
+        if isinstance(self.rate_key, str):
+            key = kwargs.get(self.rate_key)
+        elif callable(self.rate_key):
+            key = self.rate_key(args, kwargs)
+        limit = self.cluster_rate_limit
+        rate = limit.get(str(key), limit.get("*")) if isinstance(limit, Mapping) else limit
+        return (self.name if key is None else f"{self.name}:{key}"), rate
