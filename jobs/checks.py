@@ -5,16 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 
+from .conf import backlot_settings
 from .ratelimit import parse_rate
+from .registry import platform_tasks
 
 
 @register(Tags.compatibility)
 def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     problems: list[Any] = []
-    accepted = set(settings.CELERY_ACCEPT_CONTENT) | set(settings.CELERY_RESULT_ACCEPT_CONTENT)
+    # Unset, jobs.celery.configure gives the app JSON only; a project's own value is checked.
+    accepted = set(getattr(settings, "CELERY_ACCEPT_CONTENT", ["json"])) | set(
+        getattr(settings, "CELERY_RESULT_ACCEPT_CONTENT", ["json"])
+    )
     if accepted - {"json", "application/json"}:
         problems.append(
             Error(
@@ -23,8 +29,8 @@ def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="jobs.E001",
             )
         )
-    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
-    held = settings.BACKLOT["MAX_BROKER_COUNTDOWN"] + settings.BACKLOT["RATE_LIMIT_MAX_RESERVE"]
+    visibility = backlot_settings().VISIBILITY_TIMEOUT
+    held = backlot_settings().MAX_BROKER_COUNTDOWN + backlot_settings().RATE_LIMIT_MAX_RESERVE
     if held >= visibility:
         problems.append(
             Error(
@@ -39,15 +45,13 @@ def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 @register(Tags.compatibility)
 def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    from .registry import platform_tasks
-
     problems: list[Any] = []
     for task in platform_tasks():
-        if task.queue_name not in settings.BACKLOT_QUEUES:
+        if task.queue_name not in backlot_settings().QUEUES:
             problems.append(
                 Error(
                     f"Job {task.name} uses queue {task.queue_name!r}, which is not configured.",
-                    hint=f"Use one of {', '.join(settings.BACKLOT_QUEUES)}.",
+                    hint=f"Use one of {', '.join(backlot_settings().QUEUES)}.",
                     obj=task.name,
                     id="jobs.E003",
                 )
@@ -70,11 +74,9 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 @register(Tags.compatibility)
 def check_redis_durability(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """Redis must keep what it holds: persistence on, and no eviction of queued messages."""
-    import redis
-
     try:
         client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+            backlot_settings().REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
         )
         info = client.info("memory") | client.info("persistence")
     except redis.RedisError as exc:

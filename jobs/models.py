@@ -12,21 +12,14 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-
-class JobState(models.TextChoices):
-    """Where a job is in its life."""
-
-    QUEUED = "queued", "Queued"  # published (or waiting for the relay), not yet claimed
-    SCHEDULED = "scheduled", "Scheduled"  # waits for `scheduled_for` (delay, eta or rate limit)
-    RUNNING = "running", "Running"  # claimed by a worker under a lease
-    RETRYING = "retrying", "Retrying"  # failed an attempt; the next one is scheduled
-    SUCCEEDED = "succeeded", "Succeeded"  # finished; its return value is in `result`
-    DEAD = "dead", "Dead"  # gave up; a DeadLetter row holds what is needed to replay it
-
-
-ACTIVE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYING)
-CLAIMABLE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING)
-FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD)
+from .states import (  # noqa: F401  (re-exported: the models' vocabulary)
+    ACTIVE_STATES,
+    CLAIMABLE_STATES,
+    FINISHED_STATES,
+    WAITING_STATES,
+    DeadLetterStatus,
+    JobState,
+)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -271,14 +264,6 @@ class Effect(models.Model):
         return self.key
 
 
-class DeadLetterStatus(models.TextChoices):
-    """What became of a job that gave up."""
-
-    DEAD = "dead", "Dead"  # waiting for an operator
-    REPLAYED = "replayed", "Replayed"  # sent again as a new job (see replayed_job)
-    DISCARDED = "discarded", "Discarded"  # an operator decided not to run it
-
-
 # Filters operators may pass to bulk actions (admin "replay all matching", `manage.py jobs`).
 DEAD_LETTER_FILTERS = {
     "status": "status",
@@ -402,13 +387,6 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name} {self.job_id_value} ({self.status})"
-
-    def mark_replayed(self, *, job: Job | None, by: Any = None) -> None:
-        self.status = DeadLetterStatus.REPLAYED
-        self.replayed_job = job
-        self.resolved_at = timezone.now()
-        self.resolved_by = by if getattr(by, "pk", None) else None
-        self.save(update_fields=["status", "replayed_job", "resolved_at", "resolved_by"])
 
 
 class AuditEntry(models.Model):

@@ -5,15 +5,15 @@ from __future__ import annotations
 import hmac
 import uuid
 
-from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
-from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .conf import backlot_settings
+from .enqueue import JobHandle
 from .metrics import BacklotCollector
 from .models import Job
 from .monitoring import health_report
@@ -35,7 +35,7 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 def _has_metrics_token(request: HttpRequest) -> bool:
-    token = settings.BACKLOT["METRICS_TOKEN"]
+    token = backlot_settings().METRICS_TOKEN
     given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
     return bool(token) and hmac.compare_digest(given.encode(), token.encode())
 
@@ -43,7 +43,7 @@ def _has_metrics_token(request: HttpRequest) -> bool:
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    if settings.BACKLOT["METRICS_TOKEN"] and not _has_metrics_token(request):
+    if backlot_settings().METRICS_TOKEN and not _has_metrics_token(request):
         return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
 
@@ -52,5 +52,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
 def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """A job's status page: state, attempts and a progress bar polling the status API."""
     job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
-    status_url = reverse("api-1:job_status", kwargs={"job_id": str(job.id)})
+    status_url = JobHandle(id=str(job.id), task_name=job.task_name).status_url
     return render(request, "jobs/job_detail.html", {"job": job, "status_url": status_url})
