@@ -1,9 +1,6 @@
-"""Every write to the job ledger, each named for its event and guarded by jobs.states.
-
-A write matches only rows in one of its event's from-states (``sources(event)``), and a
-worker's writes are also fenced by the attempt number of the run holding the claim: a run
-that lost its claim changes nothing. No Celery, no Redis here: publishing is the caller's.
-"""
+"""Writes of a worker's run: claim, renew, progress, and the outcome (succeeded, retrying,
+released, dead with its dead letter). Each is fenced by the attempt of the run holding the
+claim: a run that lost its claim changes nothing."""
 
 from __future__ import annotations
 
@@ -11,18 +8,18 @@ import json
 import logging
 import traceback as traceback_module
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, OuterRef, Q, Subquery
+from django.db.models import F
 from django.utils import timezone
 
-from .models import DeadLetter, IdempotencyRecord, Job
-from .states import DeadLetterStatus, JobState, sources, target
+from ..models import DeadLetter, Job
+from ..states import DeadLetterStatus, JobState, sources, target
 
 logger = logging.getLogger(__name__)
 
@@ -30,134 +27,6 @@ logger = logging.getLogger(__name__)
 MAX_FAILURES_KEPT = 20
 # A scheduled job's message may arrive this much before its time (clock skew between hosts).
 EARLY_TOLERANCE = timedelta(seconds=2)
-# Rows per statement: keeps one statement's parameters well under PostgreSQL's 65,535 and
-# SQLite's 32,766 limits (Job has ~30 columns).
-BULK_BATCH = 1000
-
-
-def _user(by: Any) -> Any:
-    return by if getattr(by, "pk", None) else None
-
-
-# --- enqueue: a new row, queued or scheduled -----------------------------------------------
-def insert(job: Job) -> None:
-    """A new job (queued, or scheduled for later): one INSERT, atomic on its own."""
-    job.save(force_insert=True)
-
-
-def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> Job | None:
-    """Insert `job` holding the idempotency `key`, or return the job that already holds it.
-
-    Runs in the caller's transaction (or its own): the key is a unique row, and IntegrityError
-    means another enqueue holds it.
-    """
-    scoped = f"{job.task_name}:{key}"
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                job.save(force_insert=True)
-                IdempotencyRecord.objects.create(key=scoped, job=job, created_at=now)
-                return None
-        except IntegrityError:
-            pass
-        # Lock the record alone: a join would let PostgreSQL drop the row when another enqueue
-        # re-points it to a new job while we wait for the lock.
-        record = IdempotencyRecord.objects.select_for_update(of=("self",)).get(key=scoped)
-        if record.holds(ttl, now):
-            return record.job
-        # The holder is dead or its success has expired: this enqueue takes the key over.
-        job.save(force_insert=True)
-        record.job = job
-        record.created_at = now
-        record.save(update_fields=["job", "created_at"])
-        return None
-
-
-@dataclass(frozen=True)
-class NewRow:
-    """One row of a bulk insert: what differs from the prototype row."""
-
-    id: uuid.UUID
-    args: list[Any]
-    kwargs: dict[str, Any]
-    replay_of: int | None = None
-
-
-_VARYING = ("id", "args", "kwargs", "replay_of_id")
-
-
-def insert_many(*, prototype: Job, rows: Sequence[NewRow]) -> None:
-    """New jobs sharing everything but id, arguments and replay link: COPY on PostgreSQL
-    (the constant columns converted once), multi-row INSERTs elsewhere."""
-    if connection.vendor != "postgresql":
-        shared = {
-            f.attname: getattr(prototype, f.attname)
-            for f in Job._meta.concrete_fields
-            if f.attname not in _VARYING
-        }
-        Job.objects.bulk_create(
-            [
-                Job(**shared, id=r.id, args=r.args, kwargs=r.kwargs, replay_of_id=r.replay_of)
-                for r in rows
-            ],
-            batch_size=BULK_BATCH,
-        )
-        return
-    constant = [
-        (f.column, f.get_db_prep_save(getattr(prototype, f.attname), connection))
-        for f in Job._meta.concrete_fields
-        if f.attname not in _VARYING
-    ]
-    columns = ", ".join(
-        connection.ops.quote_name(name) for name in (*_VARYING, *(c for c, _ in constant))
-    )
-    tail = tuple(value for _, value in constant)
-    adapt = connection.ops.adapt_json_value
-    table = connection.ops.quote_name(Job._meta.db_table)
-    with (
-        connection.cursor() as cursor,
-        cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy,
-    ):
-        for r in rows:
-            copy.write_row((r.id, adapt(r.args, None), adapt(r.kwargs, None), r.replay_of, *tail))
-
-
-# --- published marks (the outbox) ----------------------------------------------------------
-def mark_published(job_ids: Iterable[str | uuid.UUID], *, now: datetime | None = None) -> int:
-    """The broker took these jobs' messages: they leave the outbox (state unchanged)."""
-    ids = list(job_ids)
-    return Job.objects.filter(id__in=ids, state__in=sources("mark_published")).update(
-        published_at=now or timezone.now()
-    )
-
-
-def lapsed_leases_requeued(*, now: datetime) -> int:
-    """From running to queued: jobs whose worker stopped renewing (died, lost its host)."""
-    return Job.objects.filter(state__in=sources("lease_lapsed"), lease_expires_at__lt=now).update(
-        state=target("lease_lapsed"), lease_expires_at=None, published_at=None
-    )
-
-
-def waiting_but_due(now: datetime, lost_after: timedelta) -> Any:
-    """Jobs that wait for a worker and may run now: queued, or scheduled/retrying whose time
-    came more than `lost_after` ago."""
-    return Job.objects.filter(
-        Q(state=JobState.QUEUED)
-        | Q(state__in=(JobState.SCHEDULED, JobState.RETRYING), scheduled_for__lt=now - lost_after)
-    )
-
-
-def republish(
-    *, now: datetime, published_before: datetime, lost_after: timedelta, queue: str | None = None
-) -> int:
-    """Back into the outbox: waiting jobs published before `published_before` whose message
-    the broker lost (state unchanged, published_at cleared)."""
-    rows = waiting_but_due(now, lost_after).filter(
-        state__in=sources("republish"), published_at__lt=published_before
-    )
-    if queue is not None:
-        rows = rows.filter(queue=queue)
-    return rows.update(published_at=None)
 
 
 # --- a worker's run -----------------------------------------------------------------------
@@ -475,38 +344,3 @@ def give_up(
             },
         )
     return dead_letter
-
-
-# --- dead letters: replayed or discarded --------------------------------------------------
-def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any = None) -> None:
-    """From dead to replayed: the dead letter points at its new job (locked by the caller)."""
-    if job_id is not None:
-        Job.objects.filter(id=job_id).update(replay_of=dead_letter)
-    DeadLetter.objects.filter(pk=dead_letter.pk, status=DeadLetterStatus.DEAD).update(
-        status=DeadLetterStatus.REPLAYED,
-        replayed_job_id=job_id,
-        resolved_at=timezone.now(),
-        resolved_by=_user(by),
-    )
-
-
-def dead_letters_replayed(*, pks: Sequence[int], by: Any = None) -> int:
-    """From dead to replayed for many rows in one UPDATE; each row's new job is the newest
-    job whose replay_of points at it."""
-    return DeadLetter.objects.filter(pk__in=pks, status=DeadLetterStatus.DEAD).update(
-        status=DeadLetterStatus.REPLAYED,
-        replayed_job_id=Subquery(
-            Job.objects.filter(replay_of_id=OuterRef("pk"))
-            .order_by("-enqueued_at")
-            .values("id")[:1]
-        ),
-        resolved_at=timezone.now(),
-        resolved_by=_user(by),
-    )
-
-
-def dead_letters_discarded(*, queryset: Any, by: Any = None) -> int:
-    """From dead to discarded: an operator decided these will not run."""
-    return queryset.filter(status=DeadLetterStatus.DEAD).update(
-        status=DeadLetterStatus.DISCARDED, resolved_at=timezone.now(), resolved_by=_user(by)
-    )

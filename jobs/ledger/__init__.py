@@ -1,0 +1,60 @@
+"""Every write to the job ledger, each named for its event and guarded by jobs.states.
+
+A write matches only rows in one of its event's from-states (``sources(event)``), and a
+worker's writes are also fenced by the attempt number of the run holding the claim: a run
+that lost its claim changes nothing. No Celery, no Redis here: publishing is the caller's.
+"""
+
+from .accept import (
+    BULK_BATCH,
+    NewRow,
+    insert,
+    insert_holding_key,
+    insert_many,
+    lapsed_leases_requeued,
+    mark_published,
+    republish,
+    waiting_but_due,
+)
+from .resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
+from .run import (
+    EARLY_TOLERANCE,
+    MAX_FAILURES_KEPT,
+    Claim,
+    Defaults,
+    claim,
+    describe_exception,
+    give_up,
+    progress,
+    release,
+    renew,
+    retry_later,
+    succeed,
+)
+
+__all__ = [
+    "BULK_BATCH",
+    "EARLY_TOLERANCE",
+    "MAX_FAILURES_KEPT",
+    "Claim",
+    "Defaults",
+    "NewRow",
+    "claim",
+    "dead_letter_replayed",
+    "dead_letters_discarded",
+    "dead_letters_replayed",
+    "describe_exception",
+    "give_up",
+    "insert",
+    "insert_holding_key",
+    "insert_many",
+    "lapsed_leases_requeued",
+    "mark_published",
+    "progress",
+    "release",
+    "renew",
+    "republish",
+    "retry_later",
+    "succeed",
+    "waiting_but_due",
+]

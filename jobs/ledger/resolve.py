@@ -1,0 +1,54 @@
+"""Writes that resolve dead letters: replayed (one, or many in one UPDATE) or discarded."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from ..models import DeadLetter, Job
+from ..states import DeadLetterStatus
+
+logger = logging.getLogger(__name__)
+
+
+def _user(by: Any) -> Any:
+    return by if getattr(by, "pk", None) else None
+
+
+# --- dead letters: replayed or discarded --------------------------------------------------
+def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any = None) -> None:
+    """From dead to replayed: the dead letter points at its new job (locked by the caller)."""
+    if job_id is not None:
+        Job.objects.filter(id=job_id).update(replay_of=dead_letter)
+    DeadLetter.objects.filter(pk=dead_letter.pk, status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.REPLAYED,
+        replayed_job_id=job_id,
+        resolved_at=timezone.now(),
+        resolved_by=_user(by),
+    )
+
+
+def dead_letters_replayed(*, pks: Sequence[int], by: Any = None) -> int:
+    """From dead to replayed for many rows in one UPDATE; each row's new job is the newest
+    job whose replay_of points at it."""
+    return DeadLetter.objects.filter(pk__in=pks, status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.REPLAYED,
+        replayed_job_id=Subquery(
+            Job.objects.filter(replay_of_id=OuterRef("pk"))
+            .order_by("-enqueued_at")
+            .values("id")[:1]
+        ),
+        resolved_at=timezone.now(),
+        resolved_by=_user(by),
+    )
+
+
+def dead_letters_discarded(*, queryset: Any, by: Any = None) -> int:
+    """From dead to discarded: an operator decided these will not run."""
+    return queryset.filter(status=DeadLetterStatus.DEAD).update(
+        status=DeadLetterStatus.DISCARDED, resolved_at=timezone.now(), resolved_by=_user(by)
+    )
