@@ -5,12 +5,14 @@ from typing import Any
 from celery import shared_task
 from django.contrib.auth import get_user_model
 
+from .alerts import alerts_check
 from .backends import standard_task  # noqa: F401  (registers the Tasks API runner)
 from .deadletters import dead_letter_replay_many
 from .decorators import job
 from .models import DeadLetter
 from .policies import RetryPolicy
 from .relay import job_relay
+from .retention import retention_purge
 
 
 @shared_task(name="jobs.relay", ignore_result=True)
@@ -38,14 +40,10 @@ def replay_matching(
 @shared_task(name="jobs.retention", ignore_result=True)
 def retention() -> dict[str, int]:
     """Daily: delete finished history past its retention (jobs.retention)."""
-    from .retention import retention_purge
-
     return retention_purge()
 
 
 @shared_task(name="jobs.health_watch", ignore_result=True)
 def health_watch() -> dict[str, list[str]]:
     """Every 30 s: alert on degraded health, once per cause per interval."""
-    from .alerts import alerts_check
-
     return alerts_check()

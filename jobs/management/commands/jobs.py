@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import close_old_connections
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
@@ -192,10 +194,6 @@ class Command(BaseCommand):
 
 
 def _relay_loop(interval: float, once: bool, out: Any) -> None:
-    import signal
-
-    from django.db import close_old_connections
-
     stopping = False
 
     def stop(*_: Any) -> None:
