@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from typing import Any, cast
 
-from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -24,12 +23,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from . import deadletters
-from .conf import backlot_settings
 from .dashboard import dashboard_json, dashboard_view
-from .exceptions import BacklotError, InvalidPayload
+from .exceptions import BacklotError
+from .forms import EditedReplayForm
 from .masking import mask_value
 from .models import AuditEntry, DeadLetter, Job
-from .payload import payload_check
 from .tasks import replay_matching
 
 # Beyond this many rows the changelist shows an estimate instead of COUNT(*): counting a
@@ -110,48 +108,6 @@ class JobAdmin(ReadOnlyAdmin):
             ),
             *super().get_urls(),
         ]
-
-
-class EditedReplayForm(forms.Form):
-    args = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), help_text="A JSON list."
-    )
-    kwargs = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 6, "cols": 80}), help_text="A JSON object."
-    )
-
-    def __init__(self, *args: Any, task_name: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.task_name = task_name
-
-    def _json(self, field: str, kind: type) -> Any:
-        try:
-            value = json.loads(self.cleaned_data[field])
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"Not valid JSON: {exc}") from None
-        if not isinstance(value, kind):
-            raise forms.ValidationError(f"Must be a JSON {'list' if kind is list else 'object'}.")
-        return value
-
-    def clean_args(self) -> list:
-        return self._json("args", list)
-
-    def clean_kwargs(self) -> dict:
-        return self._json("kwargs", dict)
-
-    def clean(self) -> dict[str, Any] | None:
-        data = super().clean()
-        if data is not None and "args" in data and "kwargs" in data:
-            try:
-                payload_check(
-                    task_name=self.task_name,
-                    args=data["args"],
-                    kwargs=data["kwargs"],
-                    max_bytes=backlot_settings().MAX_PAYLOAD_BYTES,
-                )
-            except InvalidPayload as exc:
-                raise forms.ValidationError(str(exc)) from None
-        return data
 
 
 PERMISSIONED_ACTIONS = {"replay_selected": "replay", "discard_selected": "discard"}
