@@ -25,7 +25,7 @@ def stranger():
 
 @pytest.fixture
 def owned_job(clean_redis, owner):
-    return tasks.prioritized.enqueue("k", "a", owner=owner)  # `reports`: stays queued
+    return tasks.prioritized.using(owner=owner).enqueue("k", "a")  # `reports`: stays queued
 
 
 def test_owner_reads_their_job(client, owner, owned_job):
@@ -99,7 +99,7 @@ def test_health_is_503_when_redis_is_unreachable(client, settings, clean_redis):
 
 def test_metrics_expose_queue_depth_and_dead_letters(client, clean_redis, settings):
     tasks.prioritized.enqueue("k", "a")  # `reports`: no session worker drains it
-    tasks.prioritized.enqueue("k", "b", priority=9)
+    tasks.prioritized.using(priority=9).enqueue("k", "b")
     DeadLetter.objects.create(
         job_id_value=uuid.uuid4(),
         task_name="tests.refused",

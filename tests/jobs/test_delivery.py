@@ -44,8 +44,8 @@ def test_higher_priority_starts_first_in_a_backlog(
     start_worker, clean_redis, transactional_db, unique
 ):
     # given a backlog on `reports`, which no worker consumes yet
-    low = [tasks.prioritized.enqueue(unique, f"low{n}", priority=1) for n in range(8)]
-    high = [tasks.prioritized.enqueue(unique, f"high{n}", priority=9) for n in range(4)]
+    low = [tasks.prioritized.using(priority=1).enqueue(unique, f"low{n}") for n in range(8)]
+    high = [tasks.prioritized.using(priority=9).enqueue(unique, f"high{n}") for n in range(4)]
 
     # when one single-process worker starts on it
     worker = start_worker("priority", queues="reports", concurrency=1)

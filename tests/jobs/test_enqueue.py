@@ -27,8 +27,8 @@ def messages_waiting(queue: str = "reports") -> int:
 
 
 def test_enqueue_writes_the_ledger_row_and_publishes(clean_redis, admin_user):
-    handle = tasks.prioritized.enqueue(
-        "k", label="a", priority=8, owner=admin_user, idempotency_key="o-1"
+    handle = tasks.prioritized.using(priority=8, owner=admin_user, idempotency_key="o-1").enqueue(
+        "k", label="a"
     )
 
     job = Job.objects.get(id=handle.id)
@@ -70,7 +70,7 @@ def test_plain_celery_delay_goes_through_the_ledger(clean_redis):
 
 
 def test_short_delay_is_scheduled_in_the_broker(clean_redis):
-    handle = tasks.prioritized.enqueue("k", "a", delay=30)
+    handle = tasks.prioritized.using(delay=30).enqueue("k", "a")
 
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.SCHEDULED and job.scheduled_for is not None
@@ -79,7 +79,7 @@ def test_short_delay_is_scheduled_in_the_broker(clean_redis):
 
 
 def test_long_delay_waits_in_the_ledger_until_due(clean_redis, settings):
-    handle = tasks.prioritized.enqueue("k", "a", delay=3600)
+    handle = tasks.prioritized.using(delay=3600).enqueue("k", "a")
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.SCHEDULED and job.published_at is None
     assert job_relay() == 0  # not due yet
@@ -100,44 +100,44 @@ def test_bad_options_are_refused(clean_redis, bad):
 
 
 def test_same_key_while_waiting_returns_the_first_job(clean_redis):
-    first = tasks.prioritized.enqueue("k", "a", idempotency_key="order-7")
-    second = tasks.prioritized.enqueue("k", "a", idempotency_key="order-7")
+    first = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
+    second = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
 
     assert second.id == first.id and not second.created
     assert Job.objects.count() == 1 and messages_waiting() == 1
 
 
 def test_keys_are_scoped_per_task(clean_redis):
-    a = tasks.prioritized.enqueue("k", "a", idempotency_key="order-7")
-    b = tasks.add.enqueue(1, 2, idempotency_key="order-7")
+    a = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
+    b = tasks.add.using(idempotency_key="order-7").enqueue(1, 2)
     assert a.id != b.id
 
 
 def test_key_holds_after_success_for_the_ttl_then_frees(clean_redis, settings):
-    first = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-1")
+    first = tasks.prioritized.using(idempotency_key="pay-1").enqueue("k", "a")
     Job.objects.filter(id=first.id).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
-    assert tasks.prioritized.enqueue("k", "a", idempotency_key="pay-1").id == first.id
+    assert tasks.prioritized.using(idempotency_key="pay-1").enqueue("k", "a").id == first.id
 
     ttl = settings.BACKLOT["IDEMPOTENCY_TTL"]
     Job.objects.filter(id=first.id).update(finished_at=timezone.now() - timedelta(seconds=ttl + 1))
-    again = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-1")
+    again = tasks.prioritized.using(idempotency_key="pay-1").enqueue("k", "a")
 
     assert again.id != first.id and again.created
     assert IdempotencyRecord.objects.get(key="tests.prioritized:pay-1").job_id == again.job().id
 
 
 def test_key_of_a_dead_job_can_be_enqueued_again(clean_redis):
-    first = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-2")
+    first = tasks.prioritized.using(idempotency_key="pay-2").enqueue("k", "a")
     Job.objects.filter(id=first.id).update(state=JobState.DEAD, finished_at=timezone.now())
 
-    again = tasks.prioritized.enqueue("k", "a", idempotency_key="pay-2")
+    again = tasks.prioritized.using(idempotency_key="pay-2").enqueue("k", "a")
 
     assert again.created and again.id != first.id
 
 
 def test_untracked_jobs_refuse_idempotency_keys(clean_redis):
     with pytest.raises(ValueError, match="track=False"):
-        tasks.record_untracked.enqueue("k", idempotency_key="x")
+        tasks.record_untracked.using(idempotency_key="x").enqueue("k")
 
 
 def test_message_headers_carry_only_a_short_masked_copy_of_the_arguments(clean_redis):

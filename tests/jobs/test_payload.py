@@ -149,7 +149,8 @@ def small_payloads(settings):
 @pytest.mark.django_db(transaction=True)
 def test_enqueue_with_a_non_json_argument_writes_and_sends_nothing(clean_redis):
     with pytest.raises(InvalidPayload, match=re.escape("kwargs['label'] is a datetime.datetime")):
-        tasks.prioritized.enqueue("payload", label=dt.datetime(2025, 1, 1))
+        # a wrong type on purpose: mypy sees it too; the platform must refuse it at run time
+        tasks.prioritized.enqueue("payload", label=dt.datetime(2025, 1, 1))  # type: ignore[arg-type]
 
     assert Job.objects.count() == 0
     assert broker_messages() == 0

@@ -25,7 +25,7 @@ def finished(job_id: str, timeout: float = 30) -> Job:
 
 def test_success_records_result_and_timings(worker, client, admin_user):
     # given / when
-    handle = tasks.add.enqueue(2, 40, owner=admin_user)
+    handle = tasks.add.using(owner=admin_user).enqueue(2, 40)
     job = finished(handle.id)
 
     # then
@@ -62,7 +62,7 @@ def test_explicit_delay_list_is_followed(worker, unique):
 
 
 def test_permanent_error_runs_once_then_dead_letter_with_everything(worker, unique, admin_user):
-    handle = tasks.refused.enqueue(unique, to="x@example.com", priority=7, owner=admin_user)
+    handle = tasks.refused.using(priority=7, owner=admin_user).enqueue(unique, to="x@example.com")
     job = finished(handle.id)
 
     assert job.state == JobState.DEAD and job.attempts == 1
@@ -119,7 +119,7 @@ def test_effect_happens_once_when_the_job_runs_again(worker, unique):
 
 
 def test_progress_is_visible_while_the_job_runs(worker, unique, client, admin_user):
-    handle = tasks.progress.enqueue(unique, 10, owner=admin_user)
+    handle = tasks.progress.using(owner=admin_user).enqueue(unique, 10)
     client.force_login(admin_user)
 
     mid = wait_until(

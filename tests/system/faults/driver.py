@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import django
 
@@ -22,9 +23,10 @@ from django.db import close_old_connections, transaction  # noqa: E402 (after dj
 
 from jobs import enqueue_many  # noqa: E402 (after django.setup())
 from jobs.relay import job_relay  # noqa: E402 (after django.setup())
+from jobs.task import PlatformTask  # noqa: E402 (after django.setup())
 from tests.system.faults import jobs as fault_jobs  # noqa: E402 (after django.setup())
 
-TASKS = {
+TASKS: dict[str, PlatformTask[Any, Any]] = {
     "effect": fault_jobs.effect,
     "slow": fault_jobs.slow,
     "poison": fault_jobs.poison,
