@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("jobs", "0005_job_result"),
+        ("jobs", "0006_apitoken_moved_to_web"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
