@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,28 +11,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from config.celery import app as celery_app
 from jobs.redis import redis_client
+from jobs.testing import Worker as PlatformWorker
+from jobs.testing import wait_until as wait_until  # re-exported: the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / ".data" / "test-logs"
-
-
-def wait_until(
-    predicate: Callable[[], Any],
-    timeout: float = 20,
-    interval: float = 0.05,
-    what: str = "condition",
-) -> Any:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def marks(key: str) -> list[tuple[float, str]]:
@@ -53,70 +33,28 @@ def set_flag(key: str) -> None:
     redis_client().set(f"test:flag:{key}", 1, ex=120)
 
 
-class Worker:
-    """A real `celery worker` process against the test database and Redis."""
+class Worker(PlatformWorker):
+    """A real `celery worker` process of this project against the test database and Redis."""
 
     def __init__(self, name: str, queues: str, concurrency: int, env: dict[str, str]) -> None:
-        self.name = f"{name}-{uuid.uuid4().hex[:6]}@localhost"
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.log_path = LOG_DIR / f"{self.name.split('@')[0]}.log"
-        # The worker writes to its own copy of the descriptor; ours is closed once it started.
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "config",
-                    "worker",
-                    "-Q",
-                    queues,
-                    "-c",
-                    str(concurrency),
-                    "-n",
-                    self.name,
-                    "-I",
-                    "tests.support.tasks",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
-                    "-l",
-                    "INFO",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_until(self.ready, timeout=60, interval=0.25, what=f"worker {self.name} to answer")
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise AssertionError(f"worker {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
-        return bool(celery_app.control.ping(destination=[self.name], timeout=0.5))
-
-    def pool_pids(self) -> list[int]:
-        out = subprocess.run(
-            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)],
-            capture_output=True,
-            text=True,
-            check=False,  # ps exits 1 when the worker has no children
-        ).stdout
-        return [int(p) for p in out.split()]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-
-    def output(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        super().__init__(
+            "config",
+            queues=queues,
+            concurrency=concurrency,
+            name=name,
+            env=env,
+            cwd=ROOT,
+            log_dir=LOG_DIR,
+            extra_args=[
+                "-I",
+                "tests.support.tasks",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "INFO",
+            ],
+        )
 
 
 @pytest.fixture(scope="session")
