@@ -74,7 +74,7 @@ def backlot_priority(priority: int) -> int:
 class CeleryBackend(BaseTaskBackend):
     """Runs Tasks API tasks as Backlot jobs on the Celery workers (see the module docstring).
 
-    QUEUES defaults to every queue Backlot declares (backlot_settings().QUEUES); naming one that
+    QUEUES defaults to every queue Backlot declares (BACKLOT["QUEUES"]); naming one that
     Backlot does not declare fails `manage.py check`.
     """
 
@@ -94,7 +94,7 @@ class CeleryBackend(BaseTaskBackend):
             raise InvalidTaskError(
                 f"Queue {task.queue_name!r} of task {task.module_path} is not a queue Backlot's "
                 f"workers consume; use one of: {', '.join(allowed)} "
-                f"(backlot_settings().QUEUES, TASKS[{self.alias!r}]['QUEUES'])."
+                f"(BACKLOT['QUEUES'], TASKS[{self.alias!r}]['QUEUES'])."
             )
         super().validate_task(task)
 
@@ -158,7 +158,7 @@ class CeleryBackend(BaseTaskBackend):
             yield checks.Error(
                 f"TASKS[{self.alias!r}]['QUEUES'] names {', '.join(unknown)}, which Backlot "
                 "does not declare: no worker would consume them.",
-                hint=f"Use names from BACKLOT_QUEUES: {', '.join(backlot_settings().QUEUES)}.",
+                hint=f"Use names from BACKLOT['QUEUES']: {', '.join(backlot_settings().QUEUES)}.",
                 id="jobs.tasks.E001",
             )
 
