@@ -1,18 +1,17 @@
-"""The Celery app: configured from Django settings under the CELERY namespace."""
+"""The Celery app: Django settings under the CELERY namespace, then Backlot's defaults."""
 
 import os
 
-import billiard.common
 from celery import Celery
 from celery.signals import setup_logging
 
+import jobs.celery
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# SIGTERM (a deploy) should drain for CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT, then requeue what is
-# left; Celery does that only when SIGTERM is remapped to SIGQUIT, a flag billiard reads at import.
-billiard.common.REMAP_SIGTERM = os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
 
 app = Celery("backlot")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+jobs.celery.configure(app)
 app.autodiscover_tasks()
 
 

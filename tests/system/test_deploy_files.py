@@ -132,7 +132,7 @@ def longest_time_limit(queue: str) -> float:
     limits = [
         float(task.time_limit or 0)
         for task in celery_app.tasks.values()
-        if (getattr(task, "queue_name", None) or settings.CELERY_TASK_DEFAULT_QUEUE) == queue
+        if (getattr(task, "queue_name", None) or celery_app.conf.task_default_queue) == queue
     ]
     assert limits, f"no job is routed to the {queue} queue"
     return max(limits)
@@ -168,7 +168,7 @@ def test_every_long_lived_compose_app_service_is_in_the_procfile() -> None:
 
 
 def test_every_declared_queue_is_consumed_by_exactly_one_worker_service() -> None:
-    declared = [queue.name for queue in settings.CELERY_TASK_QUEUES]
+    declared = [queue.name for queue in celery_app.conf.task_queues]
     consumers: dict[str, list[str]] = {queue: [] for queue in declared}
     for name, args in workers().items():
         for queue in consumed_queues(args):
