@@ -20,7 +20,9 @@ RUN useradd --create-home --uid 1000 app \
 
 WORKDIR /app
 COPY . .
-RUN pip install . \
+# The platform (the backlot wheel: jobs/) and the reference project's dependencies; the
+# project's own packages (config/, emails/, ...) run from /app, the working directory.
+RUN pip install '.[project]' \
     && python manage.py collectstatic --noinput
 
 USER app

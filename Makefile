@@ -13,7 +13,7 @@ help:
 	@echo "make test     make lint, then test Redis :6390 and PostgreSQL :54329 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
 	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
-	@echo "make venv     create .venv and install the project (pip install -e '.[dev]') when pyproject.toml changed"
+	@echo "make venv     create .venv and install the project (pip install -e '.[project,dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
 	@echo "make docs     regenerate docs/api.md from the API's OpenAPI schema (a test fails when it is stale)"
 	@echo "make stop     stop any Redis/PostgreSQL that these scripts left running under .data/"

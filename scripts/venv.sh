@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install the project into it (when pyproject.toml is
-# newer than the stamp .venv/.installed). Used by `make venv`.
+# newer than the stamp .venv/.installed). Used by `make venv`. The editable install is the
+# platform (jobs/) with the reference project's and the developers' dependencies (the
+# `project` and `dev` extras); config/, emails/, ... are imported from the repository root.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh
@@ -34,7 +36,7 @@ if ! venv_ok; then
 fi
 
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP ]]; then
-    log "installing the project into $VENV (pip install -e '.[dev]')"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[dev]'
+    log "installing the project into $VENV (pip install -e '.[project,dev]')"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[project,dev]'
     touch "$STAMP"
 fi
