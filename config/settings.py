@@ -5,7 +5,6 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 import dj_database_url
-from celery.schedules import crontab
 from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -171,40 +170,18 @@ LOGGING = {
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # --- Celery -------------------------------------------------------------------------------
+# jobs.celery.configure(app) (config/celery.py) gives the app Backlot's Celery settings: JSON
+# only, acks_late, the ledger's result backend, the beat leader, the platform's periodic tasks.
+# Set here is only what this project chooses itself, from the environment.
 # https://docs.celeryq.dev/en/stable/userguide/configuration.html
 CELERY_BROKER_URL = REDIS_URL
-# Redis transport: priorities are separate lists per level, consumed highest first.
-# https://docs.celeryq.dev/en/stable/userguide/routing.html#redis-message-priorities
+# Merged key by key into Backlot's transport options (jobs.celery.PRIORITY_TRANSPORT_OPTIONS:
+# priority lists, bounded socket timeouts).
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
-    "queue_order_strategy": "priority",
-    "priority_steps": list(range(10)),
-    "sep": ":",
     # An unacknowledged message is redelivered after this many seconds; it must outlast the
     # longest countdown Redis may hold (the system check jobs.E002 compares them).
     "visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", "7200")),
-    # Bounded waits so an enqueue against a dead or frozen Redis fails fast into the ledger.
-    "socket_timeout": 2,
-    "socket_connect_timeout": 2,
-    "retry_on_timeout": False,
-    "health_check_interval": 25,
 }
-CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Connecting to a frozen Redis gives up after this many seconds (Celery's default is 4).
-CELERY_BROKER_CONNECTION_TIMEOUT = 2
-CELERY_TASK_PUBLISH_RETRY_POLICY = {
-    "max_retries": 2,
-    "interval_start": 0,
-    "interval_step": 0.2,
-    "interval_max": 0.5,
-}
-# JSON only: a pickled message is refused by the worker before any code runs.
-CELERY_ACCEPT_CONTENT = ["json"]
-CELERY_TASK_SERIALIZER = "json"
-CELERY_RESULT_SERIALIZER = "json"
-CELERY_RESULT_ACCEPT_CONTENT = ["json"]
-# At-least-once: ack after the job ran; a killed pool process puts its message back.
-CELERY_TASK_ACKS_LATE = True
-CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # Long-running jobs: one message per process at a time, so a backlog is not hoarded.
 CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_MULTIPLIER", "1"))
 # Celery's monitoring events (task-sent, -received, -started, -succeeded) are off unless asked
@@ -214,38 +191,22 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = int(os.environ.get("CELERY_WORKER_PREFETCH_M
 # metrics and status read the ledger and Redis counters, not events.
 CELERY_WORKER_SEND_TASK_EVENTS = os.environ.get("CELERY_EVENTS", "0") == "1"
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
-# The job ledger records start and finish: the result backend keeps only results.
-CELERY_TASK_TRACK_STARTED = False
-# Workers keep their database connections between jobs: Celery's Django fixup would otherwise
-# close them around every task (whatever CONN_MAX_AGE says), and connecting was a quarter of a
-# short job's cost. jobs.signals closes, before each job, connections that are broken or older
-# than CONN_MAX_AGE, as Django does around a request.
-CELERY_DB_REUSE_MAX = 1_000_000
-# django-celery-results; tracked jobs keep their return value in the ledger row (jobs.results).
-CELERY_RESULT_BACKEND = "jobs.results:LedgerResultBackend"
-CELERY_RESULT_EXTENDED = False
 CELERY_RESULT_EXPIRES = int(os.environ.get("CELERY_RESULT_EXPIRES", str(7 * 24 * 3600)))
 CELERY_TASK_TIME_LIMIT = int(os.environ.get("CELERY_TASK_TIME_LIMIT", "1800"))
 CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", "1740"))
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # SIGTERM (a deploy): running jobs get this many seconds to finish and be acked; the rest are
 # cancelled, their claims released and their messages requeued (acks_late) to run elsewhere.
 # https://docs.celeryq.dev/en/stable/userguide/workers.html#soft-shutdown
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(
     os.environ.get("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", "30")
 )
-CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 BACKLOT_QUEUES = ("default", "emails", "reports", "media")
-CELERY_TASK_DEFAULT_QUEUE = "default"
+# jobs.celery declares the queues of BACKLOT["QUEUES"] (ten priority lists each); until this
+# project's BACKLOT names them, they are declared here the same way.
 CELERY_TASK_QUEUES = [
     Queue(name, Exchange(name), routing_key=name, queue_arguments={"x-max-priority": 9})
     for name in BACKLOT_QUEUES
 ]
-CELERY_TASK_CREATE_MISSING_QUEUES = False
-CELERY_TIMEZONE = TIME_ZONE
-# django-celery-beat's DatabaseScheduler behind a Redis leader lock: one beat fires (jobs.beat).
-CELERY_BEAT_SCHEDULER = "jobs.beat:LeaderDatabaseScheduler"
-CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Backlot -----------------------------------------------------------------------------
 
@@ -308,25 +269,6 @@ ADMINS = [
 ]
 SERVER_EMAIL = os.environ.get("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 EMAIL_SUBJECT_PREFIX = "[Backlot] "
-
-# The relay publishes the outbox, due scheduled jobs and expired leases (jobs.services.job_relay).
-CELERY_BEAT_SCHEDULE = {
-    "backlot-relay": {
-        "task": "jobs.relay",
-        "schedule": float(os.environ.get("BACKLOT_RELAY_INTERVAL", "5")),
-        "options": {"queue": "default", "expires": 30},
-    },
-    "backlot-health-watch": {
-        "task": "jobs.health_watch",
-        "schedule": 30.0,
-        "options": {"queue": "default", "expires": 30},
-    },
-    "backlot-retention": {
-        "task": "jobs.retention",
-        "schedule": crontab(hour=3, minute=30),
-        "options": {"queue": "default"},
-    },
-}
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "/"
