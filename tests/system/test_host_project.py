@@ -228,6 +228,52 @@ def test_the_wheel_holds_the_platform_only(wheel: Path) -> None:
     assert not [req for req in required if req.lower().startswith(heavy)], required
 
 
+# --- jobs.celery.configure: the host's own Celery settings win --------------------------------
+
+
+class HostCelerySettings:
+    """A host's Django settings under the CELERY namespace: some of its own, the rest unset."""
+
+    CELERY_TASK_ACKS_LATE = False
+    CELERY_BROKER_URL = "redis://broker.invalid:6379/3"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 9000}
+    CELERY_BEAT_SCHEDULE = {"host-digest": {"task": "host.digest", "schedule": 60.0}}
+
+
+@pytest.mark.parametrize("configured_first", [False, True])
+def test_configure_fills_in_only_what_the_host_left_unset(configured_first: bool) -> None:
+    from celery import Celery
+
+    import jobs.celery
+
+    app = Celery("host", set_as_current=False)
+    app.config_from_object(HostCelerySettings, namespace="CELERY")
+    if configured_first:
+        assert app.conf.task_acks_late is False  # the configuration is loaded before configure()
+    jobs.celery.configure(app)
+    conf = app.conf
+
+    assert conf.task_acks_late is False  # the host's
+    assert conf.broker_url == "redis://broker.invalid:6379/3"
+    assert conf.task_reject_on_worker_lost is True  # Backlot's
+    assert conf.accept_content == ["json"] and conf.result_accept_content == ["json"]
+    assert conf.result_backend == "jobs.results:LedgerResultBackend"
+    assert conf.beat_scheduler == "jobs.beat:LeaderDatabaseScheduler"
+    assert conf.worker_prefetch_multiplier == 1 and conf.task_create_missing_queues is False
+    assert conf.get("CELERY_DB_REUSE_MAX") == 1_000_000
+    assert [queue.queue_arguments for queue in conf.task_queues] == [{"x-max-priority": 9}] * len(
+        conf.task_queues
+    )
+    # dicts merge key by key, the host's keys winning
+    assert conf.broker_transport_options["visibility_timeout"] == 9000
+    assert conf.broker_transport_options["priority_steps"] == list(range(10))
+    assert conf.broker_transport_options["sep"] == ":"
+    assert {"host-digest", "backlot-relay", "backlot-health-watch", "backlot-retention"} <= set(
+        conf.beat_schedule
+    )
+    assert os.environ["REMAP_SIGTERM"] == "SIGQUIT"
+
+
 # --- the host project ---------------------------------------------------------------------------
 
 
