@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from jobs.admin import ReadOnlyAdmin
-from jobs.masking import mask_email
+from jobs import ReadOnlyAdmin, mask_email
 
 from .models import Campaign, CampaignRecipient, EmailMessage, RecipientImport
 

@@ -12,11 +12,12 @@ from ninja.files import UploadedFile
 from pydantic import EmailStr, Field
 
 from config.api_types import AuthenticatedRequest
-from jobs.exceptions import InvalidPayload
+from jobs import InvalidPayload
 from web.uploads import upload_limited
 
 from . import services
 from .models import Campaign, EmailMessage, RecipientImport
+from .tasks import campaign_fan_out_job, email_send_job, recipients_import_job
 
 router = Router(tags=["emails"])
 
@@ -66,6 +67,7 @@ def email_create(request: AuthenticatedRequest, payload: EmailIn) -> Status:
             context=payload.context,
             subject=payload.subject,
             owner=request.auth,
+            send_job=email_send_job,
         )
     except (services.EmailError, InvalidPayload) as exc:
         raise _bad_request(exc) from None
@@ -114,15 +116,13 @@ class CampaignOut(Schema):
 
 
 def _campaign_out(campaign: Campaign) -> dict[str, Any]:
+    """A campaign as the API shows it; reads only (done is derived, not saved)."""
     summary = campaign.summary()
-    if campaign.status == "sending" and summary["total"] and summary["pending"] == 0:
-        Campaign.objects.filter(pk=campaign.pk).update(status="done")
-        campaign.status = "done"
     job_id = str(campaign.job_id) if campaign.job_id else None
     return {
         "campaign_id": campaign.pk,
         "name": campaign.name,
-        "status": campaign.status,
+        "status": campaign.status_shown(summary),
         "summary": summary,
         "job_id": job_id,
         "status_url": f"/api/jobs/{job_id}/" if job_id else None,
@@ -144,7 +144,9 @@ def campaign_create(request: AuthenticatedRequest, payload: CampaignIn) -> Statu
             recipients=[r.dict() for r in payload.recipients],
         )
         if payload.start:
-            services.campaign_start(campaign=campaign, owner=request.auth)
+            services.campaign_start(
+                campaign=campaign, owner=request.auth, fan_out_job=campaign_fan_out_job
+            )
             campaign.refresh_from_db()
     except (services.EmailError, InvalidPayload) as exc:
         raise _bad_request(exc) from None
@@ -165,7 +167,9 @@ def campaign_detail(request: AuthenticatedRequest, campaign_id: int) -> dict[str
 def campaign_start(request: AuthenticatedRequest, campaign_id: int) -> Status:
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
     try:
-        services.campaign_start(campaign=campaign, owner=request.auth)
+        services.campaign_start(
+            campaign=campaign, owner=request.auth, fan_out_job=campaign_fan_out_job
+        )
     except services.EmailError as exc:
         raise HttpError(409, str(exc)) from None
     campaign.refresh_from_db()
@@ -202,7 +206,7 @@ def recipients_import(
     """
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
     row, handle = services.recipients_import_create(
-        campaign=campaign, upload=file, owner=request.auth
+        campaign=campaign, upload=file, owner=request.auth, import_job=recipients_import_job
     )
     return Status(202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url})
 

@@ -3,32 +3,43 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Count
+from django.db.models import Count, F
 from django.utils import timezone
 
-
-class OwnedQuerySet(models.QuerySet):
-    def visible_to(self, user: Any) -> OwnedQuerySet:
-        """Rows a user may see: their own, or all of them for staff."""
-        if getattr(user, "is_staff", False):
-            return self
-        if not getattr(user, "is_authenticated", False):
-            return self.none()
-        return self.filter(owner=user)
+from jobs import OwnedQuerySet
 
 
 class EmailStatus(models.TextChoices):
-    """Where a message is on its way out."""
+    """Where a message is on its way out.
 
-    QUEUED = "queued", "Queued"  # accepted, the send job waits
+    queued -> sending -> sent; queued/sending -> queued (deferred: retried), -> failed (refused,
+    or the job gave up); sending -> unconfirmed (the body may have arrived: never resent).
+    """
+
+    QUEUED = "queued", "Queued"  # accepted, the send job waits (or waits for its next attempt)
     SENDING = "sending", "Sending"  # the SMTP server has the envelope; the body is going out
     SENT = "sent", "Sent"  # the server accepted it (250); never sent again
-    FAILED = "failed", "Failed"  # refused for good, or gave up retrying
+    FAILED = "failed", "Failed"  # refused for good, or the send job gave up retrying
     UNCONFIRMED = "unconfirmed", "Unconfirmed"  # a worker died mid-send: not resent automatically
+
+
+def _move(row: models.Model, sources: Collection[str], **changes: object) -> bool:
+    """Apply `changes` to `row` if its status is still one of `sources`; True if it moved.
+
+    One guarded UPDATE, so two workers racing cannot both move the same row; the instance
+    follows only when the database did.
+    """
+    moved = type(row)._default_manager.filter(pk=row.pk, status__in=sources).update(**changes)
+    if moved:
+        for name, value in changes.items():
+            if not isinstance(value, F):
+                setattr(row, name, value)
+    return bool(moved)
 
 
 class EmailMessage(models.Model):
@@ -95,17 +106,66 @@ class EmailMessage(models.Model):
     def __str__(self) -> str:
         return f"{self.template} #{self.pk} ({self.status})"
 
-    def mark(self, status: str, **fields: Any) -> None:
-        self.status = status
-        for name, value in fields.items():
-            setattr(self, name, value)
-        self.save(update_fields=["status", *fields])
+    # --- state changes (each a guarded UPDATE "from X to Y"; True if the row moved) -------
+    def count_attempt(self) -> bool:
+        """queued: a send attempt starts (attempts + 1)."""
+        moved = _move(self, [EmailStatus.QUEUED], attempts=F("attempts") + 1)
+        if moved:
+            self.attempts += 1
+        return moved
+
+    def mark_sending(self) -> bool:
+        """queued -> sending: the server took the envelope; the body goes out now."""
+        return _move(self, [EmailStatus.QUEUED], status=EmailStatus.SENDING)
+
+    def mark_sent(self, *, provider_message_id: str, provider_reply: str) -> bool:
+        """queued/sending -> sent: the server accepted the message (queued: a backend with no
+        SMTP conversation, e.g. the console in development)."""
+        return _move(
+            self,
+            [EmailStatus.QUEUED, EmailStatus.SENDING],
+            status=EmailStatus.SENT,
+            sent_at=timezone.now(),
+            provider_message_id=provider_message_id,
+            provider_reply=provider_reply,
+            error="",
+        )
+
+    def mark_deferred(self, *, provider_reply: str) -> bool:
+        """queued/sending -> queued: a transient refusal or no server; the job tries again."""
+        return _move(
+            self,
+            [EmailStatus.QUEUED, EmailStatus.SENDING],
+            status=EmailStatus.QUEUED,
+            provider_reply=provider_reply,
+        )
+
+    def mark_refused(self, *, provider_reply: str, error: str) -> bool:
+        """queued/sending -> failed: the server refused it for good (5xx)."""
+        return _move(
+            self,
+            [EmailStatus.QUEUED, EmailStatus.SENDING],
+            status=EmailStatus.FAILED,
+            provider_reply=provider_reply,
+            error=error,
+        )
+
+    def mark_unconfirmed(self, *, error: str) -> bool:
+        """sending -> unconfirmed: the body may have arrived (a worker died, or the connection
+        dropped during DATA); an operator checks before anything is sent again."""
+        return _move(self, [EmailStatus.SENDING], status=EmailStatus.UNCONFIRMED, error=error)
+
+    def mark_failed(self, *, error: str) -> bool:
+        """queued -> failed: the send job gave up (sent and unconfirmed messages stay)."""
+        return _move(self, [EmailStatus.QUEUED], status=EmailStatus.FAILED, error=error)
 
 
 class CampaignStatus(models.TextChoices):
-    DRAFT = "draft", "Draft"  # recipients may still be added
-    SENDING = "sending", "Sending"  # fanned out; messages on their way
-    DONE = "done", "Done"  # every recipient sent or failed
+    """Where a campaign is: draft -> sending (started); shown as done once nothing is pending."""
+
+    DRAFT = "draft", "Draft"  # recipients may still be added; not started
+    SENDING = "sending", "Sending"  # started: the fan-out job queues one message per recipient
+    DONE = "done", "Done"  # every recipient sent or failed (see Campaign.status_shown)
 
 
 class Campaign(models.Model):
@@ -148,6 +208,25 @@ class Campaign(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def mark_sending(self, *, job_id: str) -> bool:
+        """draft -> sending: started, fanned out by the job `job_id`."""
+        return _move(
+            self,
+            [CampaignStatus.DRAFT],
+            status=CampaignStatus.SENDING,
+            started_at=timezone.now(),
+            job_id=job_id,
+        )
+
+    def status_shown(self, summary: dict[str, int]) -> str:
+        """The status to show: a sending campaign with no recipient pending reads as done.
+
+        Derived on read from `summary()`, never saved by the read.
+        """
+        if self.status == CampaignStatus.SENDING and summary["total"] and not summary["pending"]:
+            return CampaignStatus.DONE
+        return self.status
 
     def summary(self) -> dict[str, int]:
         """Recipients by outcome: sent, failed, pending (not yet sent or failed), total."""
@@ -197,10 +276,12 @@ class CampaignRecipient(models.Model):
 
 
 class ImportStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    DONE = "done", "Done"
-    FAILED = "failed", "Failed"
+    """Where a CSV import is: queued -> running -> done or failed (a rerun starts it again)."""
+
+    QUEUED = "queued", "Queued"  # uploaded; the import job waits
+    RUNNING = "running", "Running"  # reading the file in chunks; the counts rise as it goes
+    DONE = "done", "Done"  # every row read: imported, duplicate or skipped (see `errors`)
+    FAILED = "failed", "Failed"  # the file cannot be imported (no email column)
 
 
 class RecipientImport(models.Model):
@@ -250,3 +331,36 @@ class RecipientImport(models.Model):
 
     def __str__(self) -> str:
         return f"import #{self.pk} ({self.status})"
+
+    # --- state changes (each a guarded UPDATE "from X to Y"; True if the row moved) -------
+    def mark_running(self) -> bool:
+        """queued/running/failed -> running, counts reset: an attempt (or a replay) starts."""
+        return _move(
+            self,
+            [ImportStatus.QUEUED, ImportStatus.RUNNING, ImportStatus.FAILED],
+            status=ImportStatus.RUNNING,
+            rows_read=0,
+            imported=0,
+            duplicates=0,
+            skipped=0,
+            errors=[],
+        )
+
+    def record_counts(self, *, counts: dict[str, int], errors: list[dict[str, Any]]) -> bool:
+        """running: the counts so far, after each chunk."""
+        return _move(self, [ImportStatus.RUNNING], errors=errors, **counts)
+
+    def mark_done(self, *, counts: dict[str, int], errors: list[dict[str, Any]]) -> bool:
+        """running -> done, with the final counts."""
+        return _move(
+            self,
+            [ImportStatus.RUNNING],
+            status=ImportStatus.DONE,
+            finished_at=timezone.now(),
+            errors=errors,
+            **counts,
+        )
+
+    def mark_failed(self, *, errors: list[dict[str, Any]]) -> bool:
+        """running -> failed: the file cannot be imported."""
+        return _move(self, [ImportStatus.RUNNING], status=ImportStatus.FAILED, errors=errors)

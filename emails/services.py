@@ -8,7 +8,7 @@ import smtplib
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -17,13 +17,8 @@ from django.core.validators import validate_email
 from django.db import transaction
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template, render_to_string
-from django.utils import timezone
 
-from jobs.exceptions import BacklotError
-from jobs.masking import mask_text
-from jobs.payload import json_problem
-from jobs.policies import Permanent, Retryable
-from jobs.services import JobHandle, job_enqueue_many
+from jobs import BacklotError, Permanent, Retryable, enqueue_many, json_problem, mask_text
 
 from .models import (
     Campaign,
@@ -31,9 +26,11 @@ from .models import (
     CampaignStatus,
     EmailMessage,
     EmailStatus,
-    ImportStatus,
     RecipientImport,
 )
+
+if TYPE_CHECKING:
+    from jobs import Job, JobHandle
 
 logger = logging.getLogger(__name__)
 
@@ -111,10 +108,10 @@ def email_queue(
     subject: str | None = None,
     attachments: Sequence[str] = (),
     owner: Any = None,
+    send_job: Job[[int], str],
 ) -> tuple[EmailMessage, JobHandle]:
-    """Accept one email: the message row and its send job, committed together."""
-    from .tasks import email_send
-
+    """Accept one email: the message row and its `send_job` (emails.tasks.email_send_job),
+    committed together."""
     to = email_check_address(to)
     email_check_template(template)
     email_check_context(context)
@@ -130,7 +127,9 @@ def email_queue(
             attachments=list(attachments),
             owner=owner if getattr(owner, "pk", None) else None,
         )
-        handle = email_send.enqueue(message.pk, owner=owner, idempotency_key=f"email:{message.uid}")
+        handle = send_job.using(owner=owner, idempotency_key=f"email:{message.uid}").enqueue(
+            message.pk
+        )
         message.job_id = handle.id
         message.save(update_fields=["job_id"])
     return message, handle
@@ -169,10 +168,9 @@ def email_deliver(*, email_id: int) -> str:
     with transaction.atomic():
         message = EmailMessage.objects.select_for_update().get(pk=email_id)
         if message.status == EmailStatus.QUEUED:
-            message.attempts += 1
-            message.save(update_fields=["attempts"])
-        elif message.status in (EmailStatus.SENDING, EmailStatus.UNCONFIRMED):
-            message.mark(EmailStatus.UNCONFIRMED, error="A worker died while sending it.")
+            message.count_attempt()
+        elif message.status == EmailStatus.SENDING:
+            message.mark_unconfirmed(error="A worker died while sending it.")
     if message.status == EmailStatus.SENT:
         logger.info("Email %s already sent; not sending again", email_id)
         return message.provider_message_id
@@ -191,9 +189,7 @@ def email_deliver(*, email_id: int) -> str:
     def mark_sending() -> None:
         nonlocal data_started
         data_started = True
-        EmailMessage.objects.filter(pk=email_id, status=EmailStatus.QUEUED).update(
-            status=EmailStatus.SENDING
-        )
+        message.mark_sending()
 
     if hasattr(connection, "before_data"):
         connection.before_data = mark_sending
@@ -204,48 +200,42 @@ def email_deliver(*, email_id: int) -> str:
     except smtplib.SMTPRecipientsRefused as exc:
         replies = [_reply_text(code, reply) for code, reply in exc.recipients.values()]
         if all(400 <= code < 500 for code, _ in exc.recipients.values()):
-            message.mark(EmailStatus.QUEUED, provider_reply=replies[0])
+            message.mark_deferred(provider_reply=replies[0])
             raise Retryable(f"Recipient deferred: {replies[0]}") from None
-        message.mark(
-            EmailStatus.FAILED, provider_reply=replies[0], error=f"Recipient refused: {replies[0]}"
-        )
+        message.mark_refused(provider_reply=replies[0], error=f"Recipient refused: {replies[0]}")
         raise Permanent(f"Recipient refused: {replies[0]}") from None
     except smtplib.SMTPResponseException as exc:
         reply = _reply_text(exc.smtp_code, exc.smtp_error)
         if 400 <= exc.smtp_code < 500:
-            message.mark(EmailStatus.QUEUED, provider_reply=reply)
+            message.mark_deferred(provider_reply=reply)
             raise Retryable(f"SMTP server deferred: {reply}") from None
-        message.mark(
-            EmailStatus.FAILED, provider_reply=reply, error=f"SMTP server refused: {reply}"
-        )
+        message.mark_refused(provider_reply=reply, error=f"SMTP server refused: {reply}")
         raise Permanent(f"SMTP server refused: {reply}") from None
     except (TimeoutError, smtplib.SMTPServerDisconnected, smtplib.SMTPConnectError, OSError) as exc:
         detail = mask_text(f"{type(exc).__name__}: {exc}")
         if data_started:
-            message.mark(EmailStatus.UNCONFIRMED, error=f"Connection lost during DATA: {detail}")
+            message.mark_unconfirmed(error=f"Connection lost during DATA: {detail}")
             raise Permanent(
                 f"Email {email_id}: delivery unconfirmed, connection lost during DATA"
             ) from None
-        message.mark(EmailStatus.QUEUED, provider_reply=detail[:500])
+        message.mark_deferred(provider_reply=detail[:500])
         raise Retryable(f"SMTP unavailable: {detail}") from None
     finally:
         connection.close()
     last = getattr(connection, "last_reply", None)
-    message.mark(
-        EmailStatus.SENT,
-        sent_at=timezone.now(),
-        provider_message_id=f"<{message.uid}@backlot>",
+    provider_message_id = f"<{message.uid}@backlot>"
+    message.mark_sent(
+        provider_message_id=provider_message_id,
         provider_reply=_reply_text(*last) if last else "",
-        error="",
     )
-    return message.provider_message_id
+    return provider_message_id
 
 
 def email_mark_failed(*, email_id: int, reason: str) -> None:
     """The send job gave up: a message still queued is failed (sent/unconfirmed ones stay)."""
-    EmailMessage.objects.filter(pk=email_id, status=EmailStatus.QUEUED).update(
-        status=EmailStatus.FAILED, error=mask_text(reason)[:2000]
-    )
+    message = EmailMessage.objects.filter(pk=email_id).first()
+    if message is not None:
+        message.mark_failed(error=mask_text(reason)[:2000])
 
 
 # --- campaigns ---------------------------------------------------------------------------
@@ -285,31 +275,34 @@ def campaign_create(
     return campaign
 
 
-def campaign_start(*, campaign: Campaign, owner: Any = None) -> JobHandle:
-    from .tasks import campaign_fan_out
-
+def campaign_start(
+    *, campaign: Campaign, owner: Any = None, fan_out_job: Job[[int], int]
+) -> JobHandle:
+    """Start a draft campaign: its `fan_out_job` (emails.tasks.campaign_fan_out_job) is queued
+    and the campaign is sending, together; EmailError when it was started before."""
     if campaign.status != CampaignStatus.DRAFT:
         raise EmailError(f"Campaign {campaign.pk} is already {campaign.status}")
     with transaction.atomic():
-        handle = campaign_fan_out.enqueue(
-            campaign.pk, owner=owner, idempotency_key=f"campaign:{campaign.pk}"
+        handle = fan_out_job.using(owner=owner, idempotency_key=f"campaign:{campaign.pk}").enqueue(
+            campaign.pk
         )
-        Campaign.objects.filter(pk=campaign.pk).update(
-            status=CampaignStatus.SENDING, started_at=timezone.now(), job_id=handle.id
-        )
+        if not campaign.mark_sending(job_id=handle.id):  # started meanwhile: roll back
+            raise EmailError(f"Campaign {campaign.pk} is already started")
     return handle
 
 
 def campaign_fan_out_run(
-    *, campaign_id: int, progress: Callable[[int, int, str], None] | None = None
+    *,
+    campaign_id: int,
+    send_job: Job[[int], str],
+    progress: Callable[[int, int, str], None] | None = None,
 ) -> int:
-    """One message and one send job per recipient, in chunks; safe to run again.
+    """One message and one `send_job` (emails.tasks.email_send_job) per recipient, in chunks;
+    safe to run again.
 
     A recipient gets its message in the same transaction as the message's job rows, so a
     re-run after a crash skips everyone already fanned out.
     """
-    from .tasks import email_send
-
     campaign = Campaign.objects.get(pk=campaign_id)
     pending = campaign.recipients.filter(email_message__isnull=True)
     total = campaign.recipients.count()
@@ -335,8 +328,8 @@ def campaign_fan_out_run(
                     )
                 )
             EmailMessage.objects.bulk_create(messages)
-            job_ids = job_enqueue_many(
-                task=email_send, calls=[((m.pk,), {}) for m in messages], owner=campaign.owner
+            job_ids = enqueue_many(
+                send_job, [((m.pk,), {}) for m in messages], owner=campaign.owner
             )
             for recipient, message, job_id in zip(chunk, messages, job_ids, strict=True):
                 recipient.email_message = message
@@ -353,11 +346,14 @@ def campaign_fan_out_run(
 
 
 def recipients_import_create(
-    *, campaign: Campaign, upload: IO[bytes], owner: Any = None
+    *,
+    campaign: Campaign,
+    upload: IO[bytes],
+    owner: Any = None,
+    import_job: Job[[int], dict[str, int]],
 ) -> tuple[RecipientImport, JobHandle]:
-    """Store the uploaded CSV under a generated name and queue its import."""
-    from .tasks import recipients_import
-
+    """Store the uploaded CSV under a generated name and queue its `import_job`
+    (emails.tasks.recipients_import_job)."""
     relative = f"imports/{uuid.uuid4().hex}.csv"
     path = Path(settings.MEDIA_ROOT) / relative
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +364,7 @@ def recipients_import_create(
         row = RecipientImport.objects.create(
             campaign=campaign, file=relative, owner=owner if getattr(owner, "pk", None) else None
         )
-        handle = recipients_import.enqueue(row.pk, owner=owner, idempotency_key=f"import:{row.pk}")
+        handle = import_job.using(owner=owner, idempotency_key=f"import:{row.pk}").enqueue(row.pk)
         RecipientImport.objects.filter(pk=row.pk).update(job_id=handle.id)
     return row, handle
 
@@ -394,12 +390,12 @@ def recipients_import_run(
     Streams the file (a 100,000-row CSV never sits in memory), skips and reports bad rows
     with their row number, and is safe to run again: known recipients count as duplicates.
     """
-    job = RecipientImport.objects.select_related("campaign").get(pk=import_id)
-    path = Path(settings.MEDIA_ROOT) / job.file
+    record = RecipientImport.objects.select_related("campaign").get(pk=import_id)
+    path = Path(settings.MEDIA_ROOT) / record.file
     size = path.stat().st_size or 1
-    RecipientImport.objects.filter(pk=import_id).update(
-        status=ImportStatus.RUNNING, rows_read=0, imported=0, duplicates=0, skipped=0, errors=[]
-    )
+    if not record.mark_running():
+        logger.info("Import %s is already %s; not run again", import_id, record.status)
+        return record
     counts = {"rows_read": 0, "imported": 0, "duplicates": 0, "skipped": 0}
     errors: list[dict[str, Any]] = []
     with open(path, "rb") as handle:
@@ -407,10 +403,7 @@ def recipients_import_run(
         reader = csv.DictReader(lines)
         fields = [f.strip().lower() for f in (reader.fieldnames or [])]
         if "email" not in fields:
-            RecipientImport.objects.filter(pk=import_id).update(
-                status=ImportStatus.FAILED,
-                errors=[{"row": 1, "reason": "no 'email' column in the header"}],
-            )
+            record.mark_failed(errors=[{"row": 1, "reason": "no 'email' column in the header"}])
             raise Permanent(f"Import {import_id}: the CSV header has no 'email' column")
         reader.fieldnames = fields
         chunk: dict[str, CampaignRecipient] = {}
@@ -438,49 +431,35 @@ def recipients_import_run(
                 if k and k not in ("email", "name") and isinstance(v, str)
             }
             chunk[address] = CampaignRecipient(
-                campaign=job.campaign,
+                campaign=record.campaign,
                 email=address,
                 data=extra,
                 name=(row.get("name") or "").replace("\x00", "").strip()[:200],
             )
             if len(chunk) >= CHUNK:
-                _import_chunk(job, chunk, counts)
-                _import_progress(import_id, counts, errors, lines.bytes_read, size, progress)
-        _import_chunk(job, chunk, counts)
-    RecipientImport.objects.filter(pk=import_id).update(
-        status=ImportStatus.DONE, finished_at=timezone.now(), errors=errors, **counts
-    )
+                _import_chunk(record, chunk, counts)
+                record.record_counts(counts=counts, errors=errors)
+                if progress:
+                    progress(lines.bytes_read, size, f"{counts['rows_read']} rows read")
+        _import_chunk(record, chunk, counts)
+    record.mark_done(counts=counts, errors=errors)
     if progress:
         progress(size, size, f"{counts['imported']} imported, {counts['skipped']} skipped")
-    job.refresh_from_db()
-    return job
+    return record
 
 
 def _import_chunk(
-    job: RecipientImport, chunk: dict[str, CampaignRecipient], counts: dict[str, int]
+    record: RecipientImport, chunk: dict[str, CampaignRecipient], counts: dict[str, int]
 ) -> None:
     if not chunk:
         return
     known = set(
-        CampaignRecipient.objects.filter(campaign=job.campaign, email__in=list(chunk)).values_list(
-            "email", flat=True
-        )
+        CampaignRecipient.objects.filter(
+            campaign=record.campaign, email__in=list(chunk)
+        ).values_list("email", flat=True)
     )
     fresh = [r for address, r in chunk.items() if address not in known]
     CampaignRecipient.objects.bulk_create(fresh, ignore_conflicts=True, batch_size=CHUNK)
     counts["imported"] += len(fresh)
     counts["duplicates"] += len(known)
     chunk.clear()
-
-
-def _import_progress(
-    import_id: int,
-    counts: dict[str, int],
-    errors: list[dict[str, Any]],
-    done: int,
-    size: int,
-    progress: Callable[[int, int, str], None] | None,
-) -> None:
-    RecipientImport.objects.filter(pk=import_id).update(errors=errors, **counts)
-    if progress:
-        progress(done, size, f"{counts['rows_read']} rows read")

@@ -1,4 +1,8 @@
-"""Email jobs: thin wrappers that unpack ids and call emails.services."""
+"""Email jobs: thin wrappers that unpack ids and call emails.services (which never import this).
+
+Each `<thing>_job` keeps the Celery name it was registered under, so messages already in a
+queue, dead letters and the ledger's task names still find it.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,7 @@ from typing import Any
 
 from django.conf import settings
 
-from jobs.decorators import job
-from jobs.policies import RetryPolicy
+from jobs import RetryPolicy, job
 
 from . import services
 
@@ -30,7 +33,7 @@ def _email_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
     rate_key=_provider,
     on_dead=_email_gave_up,
 )
-def email_send(email_id: int) -> str:
+def email_send_job(email_id: int) -> str:
     return services.email_deliver(email_id=email_id)
 
 
@@ -41,8 +44,10 @@ def email_send(email_id: int) -> str:
     time_limit=3600,
     retry=RetryPolicy(max_attempts=3, base_delay=10),
 )
-def campaign_fan_out(self: Any, campaign_id: int) -> int:
-    return services.campaign_fan_out_run(campaign_id=campaign_id, progress=self.progress)
+def campaign_fan_out_job(self: Any, campaign_id: int) -> int:
+    return services.campaign_fan_out_run(
+        campaign_id=campaign_id, send_job=email_send_job, progress=self.progress
+    )
 
 
 @job(
@@ -52,6 +57,6 @@ def campaign_fan_out(self: Any, campaign_id: int) -> int:
     time_limit=3600,
     retry=RetryPolicy(max_attempts=3, base_delay=10),
 )
-def recipients_import(self: Any, import_id: int) -> dict[str, int]:
+def recipients_import_job(self: Any, import_id: int) -> dict[str, int]:
     row = services.recipients_import_run(import_id=import_id, progress=self.progress)
     return {"imported": row.imported, "duplicates": row.duplicates, "skipped": row.skipped}

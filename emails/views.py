@@ -10,10 +10,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from jobs.exceptions import InvalidPayload
+from jobs import InvalidPayload
 
 from . import services
 from .models import Campaign, EmailMessage
+from .tasks import campaign_fan_out_job, email_send_job, recipients_import_job
 
 
 def _templates() -> list[tuple[str, str]]:
@@ -46,6 +47,7 @@ def index(request: HttpRequest) -> HttpResponse:
                 template=form.cleaned_data["template"],
                 context={"name": form.cleaned_data["name"]},
                 owner=request.user,
+                send_job=email_send_job,
             )
         except (services.EmailError, InvalidPayload) as exc:
             form.add_error(None, str(exc))
@@ -100,9 +102,16 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
                 "file", f"The file is larger than {settings.BACKLOT_MAX_UPLOAD_BYTES} bytes."
             )
         else:
-            services.recipients_import_create(campaign=campaign, upload=upload, owner=request.user)
+            services.recipients_import_create(
+                campaign=campaign,
+                upload=upload,
+                owner=request.user,
+                import_job=recipients_import_job,
+            )
             messages.success(request, "Import started; the recipient count updates as it runs.")
             return redirect("emails:campaign", campaign_id=campaign.pk)
+    summary = campaign.summary()
+    campaign.status = campaign.status_shown(summary)  # for the page only; a GET saves nothing
     return render(
         request,
         "emails/pages/campaign.html",
@@ -110,7 +119,7 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
             "campaign": campaign,
             "form": form,
             "imports": campaign.imports.all()[:10],
-            "summary": campaign.summary(),
+            "summary": summary,
         },
     )
 
@@ -120,7 +129,9 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
 def campaign_start(request: HttpRequest, campaign_id: int) -> HttpResponse:
     campaign = get_object_or_404(Campaign.objects.visible_to(request.user), pk=campaign_id)
     try:
-        services.campaign_start(campaign=campaign, owner=request.user)
+        services.campaign_start(
+            campaign=campaign, owner=request.user, fan_out_job=campaign_fan_out_job
+        )
         messages.success(request, "Campaign started.")
     except services.EmailError as exc:
         messages.error(request, str(exc))

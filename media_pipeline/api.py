@@ -19,6 +19,7 @@ from web.uploads import upload_limited
 from . import services
 from .exceptions import InvalidUpload, UploadTooLarge
 from .models import RenditionStatus, Video
+from .tasks import video_process_job
 
 router = Router(tags=["videos"])
 
@@ -137,7 +138,9 @@ def video_create(
     cases nothing is stored or enqueued.
     """
     try:
-        video, handle = services.video_create(owner=request.auth, upload=file, formats=formats)
+        video, handle = services.video_create(
+            owner=request.auth, upload=file, formats=formats, process_job=video_process_job
+        )
     except UploadTooLarge as exc:
         raise HttpError(413, str(exc)) from None
     except InvalidUpload as exc:

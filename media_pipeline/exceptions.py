@@ -6,7 +6,7 @@ once, a Retryable one is tried again per the job's retry policy.
 
 from __future__ import annotations
 
-from jobs.policies import Permanent, Retryable
+from jobs import Permanent, Retryable
 
 
 class MediaPipelineError(Exception):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Collection
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator
@@ -11,9 +11,16 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from jobs import OwnedQuerySet
+
 
 class VideoStatus(models.TextChoices):
-    """Where a video is in its life."""
+    """Where a video is in its life.
+
+    queued -> probing -> transcoding -> ready, or failed: from queued/probing (not a video, or
+    the processing job gave up) or from transcoding (a format failed). A failed video whose
+    failed format is replayed successfully becomes ready.
+    """
 
     QUEUED = "queued", "Queued"  # stored; the probe job has not started
     PROBING = "probing", "Probing"  # ffmpeg reads the source's streams and duration
@@ -25,13 +32,14 @@ class VideoStatus(models.TextChoices):
 class RenditionFormat(models.TextChoices):
     """The formats a video can be transcoded to (see media_pipeline.ladder)."""
 
-    P360 = "360p", "360p"
-    P720 = "720p", "720p"
-    P1080 = "1080p", "1080p"
+    P360 = "360p", "360p"  # 640x360 for a 16:9 source
+    P720 = "720p", "720p"  # 1280x720
+    P1080 = "1080p", "1080p"  # 1920x1080
 
 
 class RenditionStatus(models.TextChoices):
-    """Where one format's transcode is."""
+    """Where one format's transcode is: queued -> running -> ready, or back to queued after a
+    failed attempt, or failed once its job gave up (a replay runs it again)."""
 
     QUEUED = "queued", "Queued"  # waiting for the probe, a worker, or its next attempt
     RUNNING = "running", "Running"  # ffmpeg is writing it (under a temporary name)
@@ -47,17 +55,21 @@ def video_source_path(video: Video, filename: str) -> str:
     return f"videos/{video.id}/source/original"
 
 
-class VideoQuerySet(models.QuerySet["Video"]):
-    def visible_to(self, user: Any) -> VideoQuerySet:
-        """The videos a user may read: their own, or every video for staff."""
-        if getattr(user, "is_staff", False):
-            return self
-        if not getattr(user, "is_authenticated", False):
-            return self.none()
-        return self.filter(owner=user)
+class VideoQuerySet(OwnedQuerySet["Video"]):
+    """Videos: visible_to(user) and owned_by(user) from jobs.OwnedQuerySet."""
 
-    def owned_by(self, user: Any) -> VideoQuerySet:
-        return self.filter(owner=user)
+
+def _move(row: models.Model, sources: Collection[str], **changes: object) -> bool:
+    """Apply `changes` to `row` if its status is still one of `sources`; True if it moved.
+
+    One guarded UPDATE, so a late or duplicate job cannot move a row backwards; the instance
+    follows only when the database did.
+    """
+    moved = type(row)._default_manager.filter(pk=row.pk, status__in=sources).update(**changes)
+    if moved:
+        for name, value in changes.items():
+            setattr(row, name, value)
+    return bool(moved)
 
 
 class Video(models.Model):
@@ -165,35 +177,65 @@ class Video(models.Model):
     def is_finished(self) -> bool:
         return self.status in (VideoStatus.READY, VideoStatus.FAILED)
 
-    def mark_probing(self) -> None:
-        self.status = VideoStatus.PROBING
-        self.error = ""
-        self.finished_at = None
-        self.save(update_fields=["status", "error", "finished_at"])
+    # --- state changes (each a guarded UPDATE "from X to Y"; True if the video moved) ------
+    def mark_probing(self) -> bool:
+        """queued/probing/failed -> probing: the processing job starts (again, after a retry or
+        a replay)."""
+        return _move(
+            self,
+            [VideoStatus.QUEUED, VideoStatus.PROBING, VideoStatus.FAILED],
+            status=VideoStatus.PROBING,
+            error="",
+            finished_at=None,
+        )
 
-    def mark_probed(self, *, container: str, duration: float, width: int, height: int) -> None:
-        self.container = container[:100]
-        self.duration = duration
-        self.width = width
-        self.height = height
-        self.probed_at = timezone.now()
-        self.save(update_fields=["container", "duration", "width", "height", "probed_at"])
+    def mark_probed(self, *, container: str, duration: float, width: int, height: int) -> bool:
+        """probing: ffmpeg read the source's streams and duration."""
+        return _move(
+            self,
+            [VideoStatus.PROBING],
+            container=container[:100],
+            duration=duration,
+            width=width,
+            height=height,
+            probed_at=timezone.now(),
+        )
 
-    def mark_transcoding(self) -> None:
-        self.status = VideoStatus.TRANSCODING
-        self.save(update_fields=["status"])
+    def mark_transcoding(self) -> bool:
+        """probing -> transcoding: the job of each format is planned."""
+        return _move(self, [VideoStatus.PROBING], status=VideoStatus.TRANSCODING)
 
-    def mark_ready(self) -> None:
-        self.status = VideoStatus.READY
-        self.error = ""
-        self.finished_at = timezone.now()
-        self.save(update_fields=["status", "error", "finished_at"])
+    def mark_ready(self) -> bool:
+        """transcoding/failed -> ready: every format is written (failed: a replayed format that
+        failed before now succeeded)."""
+        return _move(
+            self,
+            [VideoStatus.TRANSCODING, VideoStatus.FAILED],
+            status=VideoStatus.READY,
+            error="",
+            finished_at=timezone.now(),
+        )
 
-    def mark_failed(self, *, error: str) -> None:
-        self.status = VideoStatus.FAILED
-        self.error = error
-        self.finished_at = timezone.now()
-        self.save(update_fields=["status", "error", "finished_at"])
+    def mark_failed(self, *, error: str) -> bool:
+        """queued/probing -> failed: not a video, or the processing job gave up."""
+        return _move(
+            self,
+            [VideoStatus.QUEUED, VideoStatus.PROBING],
+            status=VideoStatus.FAILED,
+            error=error,
+            finished_at=timezone.now(),
+        )
+
+    def mark_transcode_failed(self, *, error: str) -> bool:
+        """transcoding -> failed: every format finished and at least one failed (`error` names
+        each)."""
+        return _move(
+            self,
+            [VideoStatus.TRANSCODING],
+            status=VideoStatus.FAILED,
+            error=error,
+            finished_at=timezone.now(),
+        )
 
     def progress_percent(self, renditions: list[Rendition] | None = None) -> float:
         """Overall progress: the mean of the renditions' (100 once ready)."""
@@ -295,19 +337,34 @@ class Rendition(models.Model):
     def is_finished(self) -> bool:
         return self.status in FINISHED_RENDITION_STATES
 
-    def assign_job(self, *, job_id: uuid.UUID, width: int, height: int) -> None:
-        self.job_id = job_id
-        self.width = width
-        self.height = height
-        self.status = RenditionStatus.QUEUED
-        self.save(update_fields=["job_id", "width", "height", "status"])
+    # --- state changes (each a guarded UPDATE "from X to Y"; True if the rendition moved) --
+    def assign_job(self, *, job_id: uuid.UUID, width: int, height: int) -> bool:
+        """queued/failed -> queued: its transcode job `job_id` is planned, at this frame size."""
+        return _move(
+            self,
+            [RenditionStatus.QUEUED, RenditionStatus.FAILED],
+            job_id=job_id,
+            width=width,
+            height=height,
+            status=RenditionStatus.QUEUED,
+        )
 
-    def mark_running(self) -> None:
-        self.status = RenditionStatus.RUNNING
-        self.error = ""
-        self.started_at = timezone.now()
-        self.finished_at = None
-        self.save(update_fields=["status", "error", "started_at", "finished_at"])
+    def mark_running(self) -> bool:
+        """queued/running/failed/ready -> running: an attempt starts (running: after a killed
+        worker; failed: a replay; ready: the written file is gone)."""
+        return _move(
+            self,
+            [
+                RenditionStatus.QUEUED,
+                RenditionStatus.RUNNING,
+                RenditionStatus.FAILED,
+                RenditionStatus.READY,
+            ],
+            status=RenditionStatus.RUNNING,
+            error="",
+            started_at=timezone.now(),
+            finished_at=None,
+        )
 
     def report_progress(self, percent: int) -> bool:
         """Raise the stored progress to `percent`; a lower value (a retry) changes nothing."""
@@ -321,38 +378,33 @@ class Rendition(models.Model):
 
     def mark_ready(
         self, *, path: str, size_bytes: int, width: int, height: int, duration: float
-    ) -> None:
-        self.status = RenditionStatus.READY
-        self.path = path
-        self.size_bytes = size_bytes
-        self.width = width
-        self.height = height
-        self.duration = duration
-        self.progress = 100
-        self.error = ""
-        self.finished_at = timezone.now()
-        self.save(
-            update_fields=[
-                "status",
-                "path",
-                "size_bytes",
-                "width",
-                "height",
-                "duration",
-                "progress",
-                "error",
-                "finished_at",
-            ]
+    ) -> bool:
+        """running -> ready: the file is complete, renamed into place and probed."""
+        return _move(
+            self,
+            [RenditionStatus.RUNNING],
+            status=RenditionStatus.READY,
+            path=path,
+            size_bytes=size_bytes,
+            width=width,
+            height=height,
+            duration=duration,
+            progress=100,
+            error="",
+            finished_at=timezone.now(),
         )
 
-    def mark_attempt_failed(self, *, error: str) -> None:
-        """An attempt failed: queued for the next one, unless the job gives up (mark_failed)."""
-        self.status = RenditionStatus.QUEUED
-        self.error = error
-        self.save(update_fields=["status", "error"])
+    def mark_attempt_failed(self, *, error: str) -> bool:
+        """running -> queued: an attempt failed; queued for the next one, unless the job gives
+        up (mark_failed)."""
+        return _move(self, [RenditionStatus.RUNNING], status=RenditionStatus.QUEUED, error=error)
 
-    def mark_failed(self, *, error: str) -> None:
-        self.status = RenditionStatus.FAILED
-        self.error = error
-        self.finished_at = timezone.now()
-        self.save(update_fields=["status", "error", "finished_at"])
+    def mark_failed(self, *, error: str) -> bool:
+        """queued/running/failed -> failed: its job gave up (a ready rendition stays)."""
+        return _move(
+            self,
+            [RenditionStatus.QUEUED, RenditionStatus.RUNNING, RenditionStatus.FAILED],
+            status=RenditionStatus.FAILED,
+            error=error,
+            finished_at=timezone.now(),
+        )

@@ -13,20 +13,23 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
 from jobs.models import Job
-from jobs.services import JobHandle
 from web.uploads import upload_limit_message
 
 from . import ffmpeg
 from .exceptions import InvalidUpload, NotAVideo, UploadTooLarge
 from .ladder import LADDER, frame_size
 from .models import Rendition, RenditionFormat, RenditionStatus, Video, VideoStatus
+
+if TYPE_CHECKING:
+    from jobs import Job as JobFunction
+    from jobs import JobHandle
 
 logger = logging.getLogger(__name__)
 
@@ -67,16 +70,19 @@ def display_name(name: str | None) -> str:
 
 
 def video_create(
-    *, owner: Any, upload: UploadedFile, formats: Iterable[str] | None
+    *,
+    owner: Any,
+    upload: UploadedFile,
+    formats: Iterable[str] | None,
+    process_job: JobFunction[[str], dict[str, Any]],
 ) -> tuple[Video, JobHandle]:
-    """Store an upload under a generated name, record it and enqueue its processing job.
+    """Store an upload under a generated name, record it and enqueue its `process_job`
+    (media_pipeline.tasks.video_process_job).
 
     Raises InvalidUpload (a bad format, an empty file) or UploadTooLarge before anything is
     stored. The file is moved (or copied in chunks) from the upload's temporary file, never read
     into memory whole. The job is published once the transaction commits.
     """
-    from .tasks import video_process  # tasks call these services: import at call time
-
     chosen = formats_parse(formats)
     limit = settings.BACKLOT_MAX_UPLOAD_BYTES
     if upload.size is None or upload.size > limit:
@@ -90,8 +96,8 @@ def video_create(
         with transaction.atomic():
             video.save(force_insert=True)
             Rendition.objects.bulk_create(Rendition(video=video, format=f) for f in chosen)
-            handle = video_process.enqueue(
-                str(video.id), owner=owner, idempotency_key=f"video:{video.id}"
+            handle = process_job.using(owner=owner, idempotency_key=f"video:{video.id}").enqueue(
+                str(video.id)
             )
             video.job_id = uuid.UUID(handle.id)
             video.save(update_fields=["job_id"])
@@ -129,10 +135,9 @@ def video_probe(*, video_id: str) -> Video:
 
 def video_give_up(*, video_id: str, error: str) -> None:
     """The processing job gave up: a video it left waiting is marked failed with the error."""
-    with transaction.atomic():
-        video = Video.objects.select_for_update().filter(pk=video_id).first()
-        if video is not None and video.status in (VideoStatus.QUEUED, VideoStatus.PROBING):
-            video.mark_failed(error=error)
+    video = Video.objects.filter(pk=video_id).first()
+    if video is not None:
+        video.mark_failed(error=error)  # only from queued/probing: a started video stays
 
 
 @dataclass(frozen=True)
@@ -161,11 +166,13 @@ def video_transcode_plan(*, video_id: str) -> list[PlannedRendition]:
             return [PlannedRendition(r.pk, r.format, str(r.job_id)) for r in renditions]
         if video.status != VideoStatus.PROBING or not (video.width and video.height):
             return []
+        planned = []
         for rendition in renditions:
             width, height = frame_size(video.width, video.height, LADDER[rendition.format].lines)
-            rendition.assign_job(job_id=uuid.uuid4(), width=width, height=height)
+            if rendition.assign_job(job_id=uuid.uuid4(), width=width, height=height):
+                planned.append(rendition)  # not one that is running or written already
         video.mark_transcoding()
-    return [PlannedRendition(r.pk, r.format, str(r.job_id)) for r in renditions]
+    return [PlannedRendition(r.pk, r.format, str(r.job_id)) for r in planned]
 
 
 class _RenditionProgress:
@@ -268,18 +275,17 @@ def video_finish(*, video_id: str) -> Video:
         if all(r.status == RenditionStatus.READY for r in renditions):
             video.mark_ready()
             logger.info("Video %s ready", video.id)
-        elif all(r.is_finished for r in renditions) and video.status != VideoStatus.FAILED:
+        elif all(r.is_finished for r in renditions):
             failed = [r for r in renditions if r.status == RenditionStatus.FAILED]
-            video.mark_failed(error="\n".join(f"{r.format} failed: {r.error}" for r in failed))
-            logger.info("Video %s failed: %s", video.id, ", ".join(r.format for r in failed))
+            error = "\n".join(f"{r.format} failed: {r.error}" for r in failed)
+            if video.mark_transcode_failed(error=error):
+                logger.info("Video %s failed: %s", video.id, ", ".join(r.format for r in failed))
     return video
 
 
 def rendition_give_up(*, rendition_id: int, error: str) -> Video:
     """A transcode job gave up: its rendition is failed (even if the job was killed before it
     could say so) and the video is settled if nothing else still runs."""
-    with transaction.atomic():
-        rendition = Rendition.objects.select_for_update().get(pk=rendition_id)
-        if rendition.status != RenditionStatus.READY:
-            rendition.mark_failed(error=error)
+    rendition = Rendition.objects.get(pk=rendition_id)
+    rendition.mark_failed(error=error)  # a written one stays ready
     return video_finish(video_id=str(rendition.video_id))

@@ -1,7 +1,10 @@
 """Jobs of media_pipeline: probe an upload, transcode its formats in parallel, settle the video.
 
-video_process ──> chord( rendition_transcode x formats ) ──> video_finish
-                                    └─ a format gave up ──> video_finish (errback)
+video_process_job ──> chord( rendition_transcode_job x formats ) ──> video_finish_job
+                                         └─ a format gave up ──> video_finish_job (errback)
+
+Thin: each unpacks ids and calls media_pipeline.services (which never import this); each
+keeps the Celery name it was registered under.
 """
 
 from __future__ import annotations
@@ -11,8 +14,7 @@ from typing import Any
 from celery import chord
 from celery.canvas import Signature
 
-from jobs.decorators import job
-from jobs.policies import RetryPolicy
+from jobs import RetryPolicy, job
 
 from . import services
 from .exceptions import MediaPipelineError
@@ -48,7 +50,7 @@ def _transcode_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
     retry=RetryPolicy(max_attempts=2, base_delay=10, max_delay=60),
     on_dead=_process_gave_up,
 )
-def video_process(self: Any, video_id: str) -> dict[str, Any]:
+def video_process_job(self: Any, video_id: str) -> dict[str, Any]:
     """Probe the upload (not a video: dead letter at once), then start one job per format."""
     self.progress(0, 2, "reading the source")
     video = services.video_probe(video_id=video_id)
@@ -65,14 +67,14 @@ def video_process(self: Any, video_id: str) -> dict[str, Any]:
 
 
 def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Signature:
-    """One transcode per format in parallel; video_finish settles the video after the last.
+    """One transcode per format in parallel; video_finish_job settles the video after the last.
 
     The result backend fires the callback once every format has finished; when any gave up
     the callback is replaced by its errback, the same settling job, which names the failed
     formats from the renditions' rows.
     """
-    header = [rendition_transcode.si(p.rendition_id).set(task_id=p.job_id) for p in plan]
-    return chord(header, video_finish.si(video_id)).on_error(video_finish.si(video_id))
+    header = [rendition_transcode_job.si(p.rendition_id).set(task_id=p.job_id) for p in plan]
+    return chord(header, video_finish_job.si(video_id)).on_error(video_finish_job.si(video_id))
 
 
 @job(
@@ -83,7 +85,7 @@ def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Sig
     retry=RetryPolicy(max_attempts=2, base_delay=30, max_delay=300),
     on_dead=_transcode_gave_up,
 )
-def rendition_transcode(self: Any, rendition_id: int) -> dict[str, Any]:
+def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
     """Transcode one format with ffmpeg, reporting its progress."""
     rendition = services.rendition_transcode(
         rendition_id=rendition_id,
@@ -97,6 +99,6 @@ def rendition_transcode(self: Any, rendition_id: int) -> dict[str, Any]:
 
 
 @job(name="media_pipeline.video_finish", queue="media", time_limit=120)
-def video_finish(video_id: str) -> str:
+def video_finish_job(video_id: str) -> str:
     """Mark the video ready, or failed naming the failed formats; returns its status."""
     return services.video_finish(video_id=video_id).status

@@ -32,6 +32,7 @@ from . import services
 from .exceptions import InvalidUpload, UploadTooLarge
 from .forms import VideoUploadForm
 from .models import Rendition, RenditionStatus, Video
+from .tasks import video_process_job
 
 # Videos shown on the list page, newest first.
 LIST_LIMIT = 50
@@ -68,6 +69,7 @@ def _video_list(request: HttpRequest, check: UploadCheck | None) -> HttpResponse
             owner=request.user,
             upload=form.cleaned_data["file"],
             formats=form.cleaned_data["formats"],
+            process_job=video_process_job,
         )
     except InvalidUpload as exc:
         form.add_error(exc.field if exc.field in form.fields else None, str(exc))

@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from jobs.masking import mask_value
+from jobs import mask_value
 
 from .models import Order, OrderLine, Product, Report
 

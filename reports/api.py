@@ -20,6 +20,7 @@ from . import services
 from .exceptions import ReportInputError, ReportNotReady
 from .models import Report, ReportOrigin
 from .schemas import ReportCreatedOut, ReportErrorOut, ReportIn, ReportOut, report_input_parse
+from .tasks import report_email_job, report_render_job
 
 router = Router(tags=["reports"])
 
@@ -85,7 +86,11 @@ def report_create(request: AuthenticatedRequest) -> Status[dict[str, Any]]:
     except ReportInputError as exc:
         return Status(400, {"detail": exc.errors})
     report, job_id = services.report_request(
-        request=parsed, owner=request.auth, origin=ReportOrigin.API
+        request=parsed,
+        owner=request.auth,
+        origin=ReportOrigin.API,
+        render_job=report_render_job,
+        email_job=report_email_job,
     )
     return Status(
         202,

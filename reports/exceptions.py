@@ -1,10 +1,10 @@
-"""Errors the reports app raises on purpose; all derive from jobs.exceptions.BacklotError."""
+"""Errors the reports app raises on purpose; all derive from jobs.BacklotError."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from jobs.exceptions import BacklotError
+from jobs import BacklotError
 
 
 class ReportError(BacklotError):

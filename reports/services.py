@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 from django.core.files.storage import default_storage
@@ -16,9 +16,9 @@ from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from jobs.effects import effect_once
+from emails.services import email_queue
+from jobs import Permanent, effect_once
 from jobs.models import Job
-from jobs.policies import Permanent
 
 from . import conf
 from .exceptions import ReportInputError, ReportNotReady
@@ -26,6 +26,9 @@ from .kinds import kind_spec
 from .models import Report, ReportOrigin, ReportStatus
 from .rendering import pdf_file_name, pdf_write
 from .schemas import ReportRequest, params_parse
+
+if TYPE_CHECKING:
+    from jobs import Job as JobFunction
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +41,17 @@ EMAIL_TEMPLATE = "report_ready"
 
 
 def report_request(
-    *, request: ReportRequest, owner: Any, origin: str = ReportOrigin.API
+    *,
+    request: ReportRequest,
+    owner: Any,
+    origin: str = ReportOrigin.API,
+    render_job: JobFunction[[int], dict[str, Any]],
+    email_job: JobFunction[[int], int],
 ) -> tuple[Report, str]:
     """Accept a report: write its row and enqueue its render job in one transaction.
 
-    Returns the report and the render job's id. The message is sent after commit.
+    Returns the report and the render job's id. The message is sent after commit. The jobs
+    are reports.tasks.report_render_job and report_email_job (see report_enqueue).
     """
     with transaction.atomic():
         report = Report.objects.create(
@@ -52,25 +61,34 @@ def report_request(
             origin=origin,
             email_to=list(request.email_to),
         )
-        job_id = report_enqueue(report=report, priority=REQUESTED_PRIORITY)
+        job_id = report_enqueue(
+            report=report,
+            priority=REQUESTED_PRIORITY,
+            render_job=render_job,
+            email_job=email_job,
+        )
     logger.info("Report %s (%s) requested; render job %s", report.pk, report.kind, job_id)
     return report, job_id
 
 
-def report_enqueue(*, report: Report, priority: int = REQUESTED_PRIORITY) -> str:
-    """Enqueue the render job; with recipients, as a chain: render, then email the PDF.
+def report_enqueue(
+    *,
+    report: Report,
+    priority: int = REQUESTED_PRIORITY,
+    render_job: JobFunction[[int], dict[str, Any]],
+    email_job: JobFunction[[int], int],
+) -> str:
+    """Enqueue `render_job`; with recipients, as a chain: render, then `email_job` the PDF.
 
     Call inside the transaction that wrote the report: the messages go out after commit.
     """
-    from .tasks import report_email_job, report_render_job
-
     if report.email_to:
-        render = report_render_job.si(report.pk).set(task_id=str(uuid.uuid4()), priority=priority)
+        render = render_job.si(report.pk).set(task_id=str(uuid.uuid4()), priority=priority)
         # The email step runs only once the render succeeded (a failed render breaks the chain).
-        (render | report_email_job.si(report.pk).set(priority=priority)).apply_async()
+        (render | email_job.si(report.pk).set(priority=priority)).apply_async()
         job_id = render.id
     else:
-        job_id = report_render_job.enqueue(report.pk, owner=report.owner, priority=priority).id
+        job_id = render_job.using(owner=report.owner, priority=priority).enqueue(report.pk).id
     report.mark_queued(job_id=job_id)
     return job_id
 
@@ -150,7 +168,7 @@ def _render_summary(report: Report) -> dict[str, Any]:
 
 def report_render_failed(*, report_id: int, error: str) -> None:
     """The render job gave up: the report is failed unless it was rendered meanwhile."""
-    report = Report.objects.filter(pk=report_id).exclude(status=ReportStatus.READY).first()
+    report = Report.objects.filter(pk=report_id).first()
     if report is not None:
         report.mark_failed(error=error)
 
@@ -161,14 +179,13 @@ def _recipient_key(report: Report, address: str) -> str:
     return f"report-email:{report.uid.hex}:{digest}"
 
 
-def report_email(*, report_id: int) -> int:
-    """Queue one email with the PDF attached per recipient; returns how many were queued now.
+def report_email(*, report_id: int, send_job: JobFunction[[int], str]) -> int:
+    """Queue one email with the PDF attached per recipient, each sent by `send_job`
+    (emails.tasks.email_send_job); returns how many were queued now.
 
     Each recipient's email is queued once: a rerun of this step (redelivery, replay) skips
     the addresses whose email was already accepted.
     """
-    from emails.services import email_queue
-
     report = Report.objects.select_related("owner").get(pk=report_id)
     if report.status != ReportStatus.READY or not report.file:
         raise Permanent(f"Report {report_id} is {report.status}: there is no PDF to email")
@@ -190,6 +207,7 @@ def report_email(*, report_id: int) -> int:
                 subject=f"{kind_spec(report.kind).title}: {report.period_label}",
                 attachments=[report.file.name],
                 owner=report.owner,
+                send_job=send_job,
             )
             queued += 1
     if report.emailed_at is None:
@@ -210,9 +228,11 @@ def report_schedule_run(
     zone: str,
     trigger_job_id: str | None,
     recipients: Sequence[str] | None = None,
+    render_job: JobFunction[[int], dict[str, Any]],
+    email_job: JobFunction[[int], int],
 ) -> Report:
     """A scheduled report: the last `days` whole days before today (in `zone`), then rendered
-    and emailed to the configured recipients.
+    by `render_job` and emailed to the configured recipients by `email_job` (report_enqueue).
 
     Keyed by the scheduling job's id: a redelivered run returns the report it already made.
     """
@@ -235,7 +255,12 @@ def report_schedule_run(
                 email_to=recipients,
                 trigger_job_id=trigger_job_id,
             )
-            report_enqueue(report=report, priority=SCHEDULED_PRIORITY)
+            report_enqueue(
+                report=report,
+                priority=SCHEDULED_PRIORITY,
+                render_job=render_job,
+                email_job=email_job,
+            )
     except IntegrityError:
         report = Report.objects.get(trigger_job_id=trigger_job_id)
         logger.info("Scheduled run %s already created report %s", trigger_job_id, report.pk)

@@ -1,4 +1,8 @@
-"""Report jobs: thin wrappers that unpack ids and call reports.services."""
+"""Report jobs: thin wrappers that unpack ids and call reports.services (which never import this).
+
+Each `<thing>_job` keeps the Celery name it was registered under (reports.schedules names
+"reports.scheduled"), and hands the services the jobs they chain to.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,8 @@ from typing import Any
 
 from django.db.utils import InterfaceError, OperationalError
 
-from jobs.decorators import job
-from jobs.policies import DEFAULT_RETRY_ON, RetryPolicy
+from emails.tasks import email_send_job
+from jobs import DEFAULT_RETRY_ON, RetryPolicy, job
 
 from . import services
 
@@ -50,7 +54,7 @@ def report_render_job(self: Any, report_id: int) -> dict[str, Any]:
     ),
 )
 def report_email_job(report_id: int) -> int:
-    return services.report_email(report_id=report_id)
+    return services.report_email(report_id=report_id, send_job=email_send_job)
 
 
 @job(
@@ -63,6 +67,11 @@ def report_email_job(report_id: int) -> int:
 def report_scheduled_job(self: Any, kind: str, days: int = 1, timezone: str = "UTC") -> int:
     """Started by celery beat (reports.schedules): make the report, render it, email it."""
     report = services.report_schedule_run(
-        kind=kind, days=days, zone=timezone, trigger_job_id=self.request.id
+        kind=kind,
+        days=days,
+        zone=timezone,
+        trigger_job_id=self.request.id,
+        render_job=report_render_job,
+        email_job=report_email_job,
     )
     return report.pk

@@ -12,6 +12,7 @@ from django.views.decorators.http import require_http_methods
 from . import services
 from .forms import ReportRequestForm
 from .models import Report, ReportOrigin
+from .tasks import report_email_job, report_render_job
 
 REPORTS_PER_PAGE = 20
 
@@ -23,7 +24,11 @@ def report_list(request: HttpRequest) -> HttpResponse:
         form = ReportRequestForm(request.POST)
         if form.is_valid() and form.report_request is not None:
             report, _ = services.report_request(
-                request=form.report_request, owner=request.user, origin=ReportOrigin.PAGE
+                request=form.report_request,
+                owner=request.user,
+                origin=ReportOrigin.PAGE,
+                render_job=report_render_job,
+                email_job=report_email_job,
             )
             messages.success(request, f"Report #{report.pk} is queued; this page follows it.")
             return redirect("reports:detail", report_id=report.pk)

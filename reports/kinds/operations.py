@@ -13,7 +13,7 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from jobs.masking import mask_text
+from jobs import mask_text
 from jobs.models import FINISHED_STATES, DeadLetter, DeadLetterStatus, Job, JobState
 
 from ..charts import (

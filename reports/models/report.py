@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Collection
 
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
 from django.utils import timezone
+
+from jobs import OwnedQuerySet
 
 
 class ReportKind(models.TextChoices):
@@ -22,7 +24,10 @@ class ReportKind(models.TextChoices):
 
 
 class ReportStatus(models.TextChoices):
-    """Where a report is in its life."""
+    """Where a report is in its life: queued -> rendering -> ready, or -> failed (given up).
+
+    A failed report renders again when its job is replayed; a ready one whose PDF is gone too.
+    """
 
     QUEUED = "queued", "Queued"  # accepted; its render job waits for a worker
     RENDERING = "rendering", "Rendering"  # a worker computes the figures and lays out the PDF
@@ -33,28 +38,32 @@ class ReportStatus(models.TextChoices):
 class ReportOrigin(models.TextChoices):
     """Who asked for the report."""
 
-    API = "api", "API"
-    PAGE = "page", "Web page"
-    SCHEDULE = "schedule", "Schedule"
+    API = "api", "API"  # POST /api/reports/
+    PAGE = "page", "Web page"  # the form on /reports/
+    SCHEDULE = "schedule", "Schedule"  # celery beat, through reports.schedules
 
 
 FINAL_STATUSES = (ReportStatus.READY, ReportStatus.FAILED)
 
 
-class ReportQuerySet(models.QuerySet["Report"]):
-    def visible_to(self, user: Any) -> ReportQuerySet:
-        """The reports a user may read: their own, or every report for staff."""
-        if getattr(user, "is_staff", False) and getattr(user, "is_active", False):
-            return self
-        if not getattr(user, "is_authenticated", False):
-            return self.none()
-        return self.filter(owner=user)
-
-    def owned_by(self, user: Any) -> ReportQuerySet:
-        return self.filter(owner=user)
+class ReportQuerySet(OwnedQuerySet["Report"]):
+    """Reports: visible_to(user) and owned_by(user) from jobs.OwnedQuerySet."""
 
     def ready(self) -> ReportQuerySet:
         return self.filter(status=ReportStatus.READY)
+
+
+def _move(report: Report, sources: Collection[str], **changes: object) -> bool:
+    """Apply `changes` to `report` if its status is still one of `sources`; True if it moved.
+
+    One guarded UPDATE, so a late or duplicate worker cannot move a report backwards; the
+    instance follows only when the database did.
+    """
+    moved = Report.objects.filter(pk=report.pk, status__in=sources).update(**changes)
+    if moved:
+        for name, value in changes.items():
+            setattr(report, name, value)
+    return bool(moved)
 
 
 class Report(models.Model):
@@ -204,49 +213,54 @@ class Report(models.Model):
         period = start if start == end else f"{start}_{end}"
         return f"backlot-{self.kind}-{period or self.pk}.pdf"
 
-    # --- state changes --------------------------------------------------------------------
-    def mark_queued(self, *, job_id: str) -> None:
-        self.job_id = job_id
-        self.status = ReportStatus.QUEUED
-        self.save(update_fields=["job_id", "status"])
+    # --- state changes (each a guarded UPDATE "from X to Y"; True if the report moved) -----
+    def mark_queued(self, *, job_id: str) -> bool:
+        """queued: the render job `job_id` is assigned."""
+        return _move(self, [ReportStatus.QUEUED], job_id=job_id)
 
-    def mark_rendering(self, *, job_id: str | None = None) -> None:
-        """A worker starts rendering; `job_id` is the job doing it (a replay is a new job)."""
-        self.status = ReportStatus.RENDERING
-        self.started_at = timezone.now()
-        self.error = ""
+    def mark_rendering(self, *, job_id: str | None = None) -> bool:
+        """queued/rendering/failed/ready -> rendering: a worker starts (again, after a retry or
+        a replay, or because a ready report's PDF is gone); `job_id` is the job doing it (a
+        replay is a new job)."""
+        changes: dict[str, object] = {
+            "status": ReportStatus.RENDERING,
+            "started_at": timezone.now(),
+            "error": "",
+        }
         if job_id:
-            self.job_id = job_id
-        self.save(update_fields=["status", "started_at", "error", "job_id"])
+            changes["job_id"] = job_id
+        return _move(
+            self,
+            [ReportStatus.QUEUED, ReportStatus.RENDERING, ReportStatus.FAILED, ReportStatus.READY],
+            **changes,
+        )
 
     def mark_ready(
         self, *, file_name: str, pages: int, size_bytes: int, render_seconds: float
-    ) -> None:
-        self.status = ReportStatus.READY
-        self.file.name = file_name
-        self.pages = pages
-        self.size_bytes = size_bytes
-        self.render_seconds = render_seconds
-        self.finished_at = timezone.now()
-        self.error = ""
-        self.save(
-            update_fields=[
-                "status",
-                "file",
-                "pages",
-                "size_bytes",
-                "render_seconds",
-                "finished_at",
-                "error",
-            ]
+    ) -> bool:
+        """rendering -> ready: the PDF `file_name` is stored."""
+        return _move(
+            self,
+            [ReportStatus.RENDERING],
+            status=ReportStatus.READY,
+            file=file_name,
+            pages=pages,
+            size_bytes=size_bytes,
+            render_seconds=render_seconds,
+            finished_at=timezone.now(),
+            error="",
         )
 
-    def mark_failed(self, *, error: str) -> None:
-        self.status = ReportStatus.FAILED
-        self.error = error[:2000]
-        self.finished_at = timezone.now()
-        self.save(update_fields=["status", "error", "finished_at"])
+    def mark_failed(self, *, error: str) -> bool:
+        """queued/rendering/failed -> failed: the render job gave up (a ready report stays)."""
+        return _move(
+            self,
+            [ReportStatus.QUEUED, ReportStatus.RENDERING, ReportStatus.FAILED],
+            status=ReportStatus.FAILED,
+            error=error[:2000],
+            finished_at=timezone.now(),
+        )
 
-    def mark_emailed(self) -> None:
-        self.emailed_at = timezone.now()
-        self.save(update_fields=["emailed_at"])
+    def mark_emailed(self) -> bool:
+        """ready: the emails with the PDF attached were queued."""
+        return _move(self, [ReportStatus.READY], emailed_at=timezone.now())

@@ -8,6 +8,7 @@ import tracemalloc
 
 from emails import services
 from emails.models import CampaignRecipient, EmailMessage, ImportStatus, RecipientImport
+from emails.tasks import campaign_fan_out_job, email_send_job
 from jobs.models import Job
 from tests.conftest import wait_until
 
@@ -54,7 +55,7 @@ def test_campaign_fans_out_one_job_per_recipient_and_reports_progress(
 
     # per-recipient idempotency: starting again is refused, fanning out again adds nothing
     assert client.post(f"/api/campaigns/{campaign_id}/start").status_code == 409
-    assert services.campaign_fan_out_run(campaign_id=campaign_id) == 40
+    assert services.campaign_fan_out_run(campaign_id=campaign_id, send_job=email_send_job) == 40
     assert (
         EmailMessage.objects.count() == 40
         and Job.objects.filter(task_name="emails.send").count() == 40
@@ -70,7 +71,7 @@ def test_campaign_counts_refused_recipients_as_failed(worker, mailbox, admin_use
         owner=admin_user,
         recipients=[{"email": "gone@example.com"}, {"email": "here@example.com"}],
     )
-    services.campaign_start(campaign=campaign)
+    services.campaign_start(campaign=campaign, fan_out_job=campaign_fan_out_job)
 
     wait_until(
         lambda: campaign.summary()["pending"] == 0, timeout=60, what="the campaign to finish"

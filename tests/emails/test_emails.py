@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from emails.models import EmailMessage, EmailStatus
-from jobs import services as job_services
+from jobs import dead_letter_replay
 from jobs.models import DeadLetter, Job, JobState
 from tests.conftest import wait_until
 
@@ -177,7 +177,7 @@ def test_replaying_a_sent_message_does_not_send_it_again(worker, mailbox, client
         last_failed_at="2026-01-01T00:00Z",
     )
 
-    replay = job_services.dead_letter_replay(dead_letter=dead)
+    replay = dead_letter_replay(dead_letter=dead)
 
     assert final(replay.id).state == JobState.SUCCEEDED
     assert len(mailbox.received()) == 1

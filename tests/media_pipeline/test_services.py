@@ -11,6 +11,7 @@ from jobs.models import Job
 from media_pipeline import services
 from media_pipeline.exceptions import InvalidUpload, NotAVideo, UploadTooLarge
 from media_pipeline.models import Rendition, RenditionStatus, Video, VideoStatus
+from media_pipeline.tasks import video_process_job
 from tests.media_pipeline.conftest import CLIP_SECONDS, upload_file, video_factory
 
 pytestmark = pytest.mark.django_db
@@ -52,7 +53,9 @@ def test_display_name_keeps_only_a_printable_base_name(name, shown):
 def test_video_create_stores_under_a_generated_name_and_enqueues(tmp_media, admin_user, clip):
     upload = upload_file(clip, name="../../../holiday 2024.mp4")
 
-    video, handle = services.video_create(owner=admin_user, upload=upload, formats=["720p"])
+    video, handle = services.video_create(
+        owner=admin_user, upload=upload, formats=["720p"], process_job=video_process_job
+    )
 
     assert video.source.name == f"videos/{video.id}/source/original"
     assert (tmp_media / video.source.name).read_bytes() == clip.read_bytes()
@@ -67,10 +70,15 @@ def test_video_create_refuses_before_storing_anything(tmp_media, settings, admin
     settings.BACKLOT_MAX_UPLOAD_BYTES = 1000
 
     with pytest.raises(UploadTooLarge, match="limited to 1000 bytes"):
-        services.video_create(owner=admin_user, upload=upload_file(clip), formats=None)
+        services.video_create(
+            owner=admin_user, upload=upload_file(clip), formats=None, process_job=video_process_job
+        )
     with pytest.raises(InvalidUpload, match="empty"):
         services.video_create(
-            owner=admin_user, upload=SimpleUploadedFile("a.mp4", b""), formats=None
+            owner=admin_user,
+            upload=SimpleUploadedFile("a.mp4", b""),
+            formats=None,
+            process_job=video_process_job,
         )
 
     assert not Video.objects.exists() and not Job.objects.exists()

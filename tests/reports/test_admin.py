@@ -34,7 +34,10 @@ def test_report_history_is_read_only_and_links_the_download(admin_client, admin_
 
 def test_ready_report_links_the_permission_checked_download(admin_client, admin_user):
     report = Report.objects.create(
-        kind=ReportKind.SALES, owner=admin_user, params={"start": "2025-03-01", "end": "2025-03-01"}
+        kind=ReportKind.SALES,
+        owner=admin_user,
+        params={"start": "2025-03-01", "end": "2025-03-01"},
+        status=ReportStatus.RENDERING,
     )
     report.mark_ready(
         file_name="reports/2025/03/x.pdf", pages=2, size_bytes=1000, render_seconds=0.5

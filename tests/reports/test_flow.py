@@ -8,7 +8,7 @@ from datetime import timedelta
 from django.db.models import DecimalField, ExpressionWrapper, F, Sum
 from django.utils import timezone
 
-from jobs import services as job_services
+from jobs import dead_letter_replay
 from jobs.models import DeadLetter, Job, JobState
 from reports.demo import demo_seed
 from reports.models import OrderLine, OrderStatus, Report, ReportOrigin, ReportStatus
@@ -188,7 +188,7 @@ def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner):
     report = Report.objects.create(kind="operations", owner=owner, params={"start": "not a date"})
     from reports.tasks import report_render_job
 
-    handle = report_render_job.enqueue(report.pk, owner=owner)
+    handle = report_render_job.using(owner=owner).enqueue(report.pk)
     report.mark_queued(job_id=handle.id)
     report = final_report(report.pk)
 
@@ -203,9 +203,7 @@ def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner):
     Report.objects.filter(pk=report.pk).update(
         params={"start": str(TODAY), "end": str(TODAY), "timezone": "UTC"}
     )
-    replay = job_services.dead_letter_replay(
-        dead_letter=DeadLetter.objects.get(job_id_value=handle.id)
-    )
+    replay = dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=handle.id))
     report = wait_until(
         lambda: Report.objects.filter(pk=report.pk, status=ReportStatus.READY).first(),
         timeout=60,

@@ -262,13 +262,26 @@ def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
 
 def test_a_redelivered_scheduled_run_makes_no_second_report(rworker):
     from reports import services
+    from reports.tasks import report_email_job, report_render_job
 
     trigger = "6f1c2a8e-1111-4a4a-9b9b-123456789abc"
     first = services.report_schedule_run(
-        kind="operations", days=7, zone="America/New_York", trigger_job_id=trigger, recipients=[]
+        kind="operations",
+        days=7,
+        zone="America/New_York",
+        trigger_job_id=trigger,
+        recipients=[],
+        render_job=report_render_job,
+        email_job=report_email_job,
     )
     again = services.report_schedule_run(
-        kind="operations", days=7, zone="America/New_York", trigger_job_id=trigger, recipients=[]
+        kind="operations",
+        days=7,
+        zone="America/New_York",
+        trigger_job_id=trigger,
+        recipients=[],
+        render_job=report_render_job,
+        email_job=report_email_job,
     )
 
     assert again.pk == first.pk and Report.objects.count() == 1
