@@ -185,7 +185,9 @@ class Job(models.Model):
         indexes = [
             models.Index(fields=["state", "queue", "enqueued_at"], name="job_state_queue_idx"),
             models.Index(fields=["task_name", "enqueued_at"], name="job_task_idx"),
-            models.Index(fields=["owner", "enqueued_at"], name="job_owner_idx"),
+            # GET /api/jobs/ and the "My jobs" page: a user's jobs newest first, read in index
+            # order (keyset pages). Replaces job_owner_idx (owner, enqueued_at), which it covers.
+            models.Index(fields=["owner", "-enqueued_at", "-id"], name="job_owner_list_idx"),
             models.Index(
                 fields=["scheduled_for"],
                 name="job_due_idx",

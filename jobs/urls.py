@@ -5,5 +5,6 @@ from . import views
 urlpatterns = [
     path("health/", views.health, name="health"),
     path("metrics", views.metrics, name="metrics"),
+    path("jobs/", views.job_list_page, name="job_list"),
     path("jobs/<uuid:job_id>/", views.job_page, name="job_page"),
 ]

@@ -1,4 +1,4 @@
-"""Health and Prometheus metrics endpoints."""
+"""Health and Prometheus metrics endpoints; the job pages (a job's status, "My jobs")."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import uuid
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -54,3 +55,23 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
     status_url = JobHandle(id=str(job.id), task_name=job.task_name).status_url
     return render(request, "jobs/job_detail.html", {"job": job, "status_url": status_url})
+
+
+# The page shows as many jobs as one API page holds by default (GET /api/jobs/).
+MY_JOBS_SHOWN = 50
+
+
+@login_required
+def job_list_page(request: HttpRequest) -> HttpResponse:
+    """The signed-in user's own jobs, newest first, each linking to its page; a script polls
+    GET /api/jobs/ every 2 s for live states (the page is complete without it)."""
+    jobs = (
+        Job.objects.visible_to(request.user)
+        .filter(owner_id=request.user.pk)  # staff too see their own here; everyone's is in admin
+        .order_by("-enqueued_at", "-id")[:MY_JOBS_SHOWN]
+    )
+    # The list route sits next to the status route, in the namespace BACKLOT names for it.
+    namespace = backlot_settings().STATUS_URL_NAME.rpartition(":")[0]
+    list_url = reverse(f"{namespace}:job_list" if namespace else "job_list")
+    api_url = f"{list_url}?owner={request.user.pk}&limit={MY_JOBS_SHOWN}"
+    return render(request, "jobs/job_list.html", {"jobs": jobs, "api_url": api_url})
