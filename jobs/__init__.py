@@ -33,6 +33,7 @@ _EXPORTS = {
     "dead_letter_discard": "jobs.deadletters",
     "dead_letter_discard_many": "jobs.deadletters",
     "events": "jobs.events",
+    "http": "jobs.http",
     "mask_email": "jobs.masking",
     "mask_text": "jobs.masking",
     "mask_value": "jobs.masking",
@@ -41,6 +42,9 @@ _EXPORTS = {
     "ReadOnlyAdmin": "jobs.admin",
     "backlot_settings": "jobs.conf",
 }
+
+# names that are modules, not attributes of one
+_MODULES = frozenset({"events", "http"})
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -66,6 +70,7 @@ __all__ = [
     "effect_once",
     "enqueue_many",
     "events",
+    "http",
     "job",
     "json_problem",
     "mask_email",
@@ -78,7 +83,7 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'jobs' has no attribute {name!r}")
-    value = import_module(module) if name == "events" else getattr(import_module(module), name)
+    value = import_module(module) if name in _MODULES else getattr(import_module(module), name)
     globals()[name] = value  # later reads skip this function
     return value
 
@@ -88,7 +93,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from . import events
+    from . import events, http
     from .admin import ReadOnlyAdmin
     from .conf import backlot_settings
     from .deadletters import (

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
+import importlib
 import random
+import smtplib
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -47,12 +51,42 @@ def exponential_backoff(
     return (rng or random).uniform(0, ceiling)
 
 
-# Exceptions retried when a policy names none: the transient ones of the standard library,
-# and a database connection that dropped (a failover, a restart).
+def _installed(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """The named exception classes of an optional client library, or () when it is absent."""
+    try:
+        found = importlib.import_module(module)
+    except ImportError:
+        return ()
+    return tuple(getattr(found, name) for name in names)
+
+
+# Exceptions retried when a policy names none: the transient network errors of the standard
+# library and of requests, httpx and urllib3 where installed (none of them is a dependency), and
+# a database connection that dropped (a failover, a restart). Each is a connection refused, reset
+# or lost mid-answer, a timeout, or a failed DNS look-up. TLS errors ride along where a library
+# files them under connection errors (requests' SSLError is a ConnectionError).
+STDLIB_TRANSIENT: tuple[type[BaseException], ...] = (
+    ConnectionError,  # refused, reset, aborted, broken pipe; http.client.RemoteDisconnected
+    TimeoutError,  # socket.timeout is an alias since 3.10
+    socket.gaierror,  # DNS: name or service not known, temporary failure in name resolution
+    smtplib.SMTPServerDisconnected,
+    http.client.IncompleteRead,  # the connection closed before the whole body arrived
+)
+REQUESTS_TRANSIENT = _installed(
+    "requests.exceptions", "ConnectionError", "Timeout", "ChunkedEncodingError"
+)
+HTTPX_TRANSIENT = _installed("httpx", "TimeoutException", "NetworkError", "RemoteProtocolError")
+# MaxRetryError is what urllib3's own default retries end in on a refused connection.
+URLLIB3_TRANSIENT = _installed(
+    "urllib3.exceptions", "TimeoutError", "ProtocolError", "MaxRetryError"
+)
+
 DEFAULT_RETRY_ON: tuple[type[BaseException], ...] = (
     Retryable,
-    ConnectionError,
-    TimeoutError,
+    *STDLIB_TRANSIENT,
+    *REQUESTS_TRANSIENT,
+    *HTTPX_TRANSIENT,
+    *URLLIB3_TRANSIENT,
     TimeLimitHit,
     OperationalError,
     InterfaceError,
@@ -72,16 +106,20 @@ class RetryPolicy:
     """How a job retries.
 
     max_attempts counts every run, the first included. Delays come from `delays` when given
-    (the last entry repeats), else from exponential backoff with full jitter. `retry_on` are the
-    transient exceptions; anything else (and anything in `give_up_on`, and Permanent) gives up
-    at once.
+    (the last entry repeats), else from exponential backoff. `jitter` left as None means full
+    jitter for backoff (uniform in [0, d]) and none for explicit delays; jitter=True on explicit
+    delays draws each uniformly in [d/2, d], so a retry never waits longer than its listed delay
+    and never less than half of it. `max_delay` caps backoff and any delay a failure asks for
+    (`Retryable(retry_after=...)`, `self.retry(countdown=...)`, an HTTP Retry-After), but not
+    the explicit delays, which are taken as written. `retry_on` are the transient exceptions;
+    anything else (and anything in `give_up_on`, and Permanent) gives up at once.
     """
 
     max_attempts: int = 5
     base_delay: float = 1.0
     factor: float = 2.0
     max_delay: float = 600.0
-    jitter: bool = True
+    jitter: bool | None = None
     delays: Sequence[float] | None = None
     retry_on: tuple[type[BaseException], ...] = DEFAULT_RETRY_ON
     give_up_on: tuple[type[BaseException], ...] = field(default=())
@@ -98,7 +136,10 @@ class RetryPolicy:
 
     @classmethod
     def explicit(cls, *delays: float, **options: object) -> RetryPolicy:
-        """A policy retrying after each given delay in turn: explicit(1, 5, 30, 300, 1800)."""
+        """A policy retrying after each given delay in turn: explicit(1, 5, 30, 300, 1800).
+
+        explicit(1, 5, 30, jitter=True) draws each delay uniformly in [d/2, d].
+        """
         options.setdefault("max_attempts", len(delays) + 1)
         return cls(delays=delays, **options)  # type: ignore[arg-type]
 
@@ -114,23 +155,30 @@ class RetryPolicy:
     def delay_for(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed run number `attempt` (1-based)."""
         if self.delays is not None:
-            return self.delays[min(attempt, len(self.delays)) - 1]
+            listed = self.delays[min(attempt, len(self.delays)) - 1]
+            return (rng or random).uniform(listed / 2, listed) if self.jitter else listed
         return exponential_backoff(
             attempt,
             base=self.base_delay,
             factor=self.factor,
             cap=self.max_delay,
-            jitter=self.jitter,
+            jitter=self.jitter is not False,
             rng=rng,
         )
 
-    def decide(self, exc: BaseException, attempt: int) -> RetryDecision:
-        """Retry after how long, or give up: the whole decision for a failed run, pure."""
+    def decide(
+        self, exc: BaseException, attempt: int, rng: random.Random | None = None
+    ) -> RetryDecision:
+        """Retry after how long, or give up: the whole decision for a failed run, pure.
+
+        A delay the failure asks for (Retryable.retry_after) replaces the policy's own and is
+        capped at max_delay: a server's Retry-After of a day cannot park a job for a day.
+        """
         if not self.should_retry(exc, attempt):
             return RetryDecision(retry=False, delay=0.0)
-        delay = self.delay_for(attempt)
+        delay = self.delay_for(attempt, rng=rng)
         if isinstance(exc, Retryable) and exc.retry_after is not None:
-            delay = max(0.0, float(exc.retry_after))
+            delay = min(self.max_delay, max(0.0, float(exc.retry_after)))
         return RetryDecision(retry=True, delay=delay)
 
     def longest_delay(self) -> float:

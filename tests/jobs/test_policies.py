@@ -1,14 +1,24 @@
-"""Backoff arithmetic and RetryPolicy decisions: pure functions, exact values."""
+"""Backoff arithmetic, RetryPolicy decisions and the default transient errors: exact values."""
 
 from __future__ import annotations
 
+import http.client
+import importlib.util
 import random
+import smtplib
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from jobs.policies import (
+    DEFAULT_POLICY,
+    DEFAULT_RETRY_ON,
     Permanent,
     Retryable,
+    RetryDecision,
     RetryPolicy,
     TimeLimitHit,
     exponential_backoff,
@@ -206,3 +216,225 @@ def test_zero_delays_and_factor_one_are_valid():
     policy = RetryPolicy(base_delay=0.0, factor=1.0, jitter=False, max_attempts=3)
     assert policy.delay_for(2) == 0.0
     assert RetryPolicy.explicit(0).delay_for(1) == 0.0
+
+
+# --- the default retry set: the network errors of the stdlib and of installed clients -------
+
+
+def refused_port() -> socket.socket:
+    """A socket bound to a port but not listening: connecting to it is refused at once."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        ConnectionRefusedError(111, "Connection refused"),
+        ConnectionResetError(104, "Connection reset by peer"),
+        ConnectionAbortedError(),
+        BrokenPipeError(),
+        TimeoutError("timed out"),
+        socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+        socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+        smtplib.SMTPServerDisconnected("Connection unexpectedly closed"),
+        http.client.RemoteDisconnected("Remote end closed connection without response"),
+        http.client.IncompleteRead(b"partial", 100),
+    ],
+    ids=lambda exc: type(exc).__name__,
+)
+def test_default_policy_retries_the_stdlibs_network_errors(exc):
+    assert DEFAULT_POLICY.should_retry(exc, 1) is True
+
+
+def test_a_real_refused_connection_is_retried():
+    sock = refused_port()
+    try:
+        with pytest.raises(OSError) as caught:
+            socket.create_connection(sock.getsockname(), timeout=5)
+    finally:
+        sock.close()
+    assert DEFAULT_POLICY.should_retry(caught.value, 1) is True
+
+
+def test_default_policy_retries_requests_transient_errors():
+    requests = pytest.importorskip("requests")
+    errors = requests.exceptions
+    built = [
+        errors.ConnectionError("refused"),
+        errors.ConnectTimeout("connect timed out"),
+        errors.ReadTimeout("read timed out"),
+        errors.Timeout("timed out"),
+        errors.ChunkedEncodingError("connection broken mid-body"),
+    ]
+    sock = refused_port()
+    try:
+        with pytest.raises(errors.ConnectionError) as caught:
+            requests.get(f"http://127.0.0.1:{sock.getsockname()[1]}/", timeout=5)
+    finally:
+        sock.close()
+
+    for exc in [*built, caught.value]:
+        assert DEFAULT_POLICY.should_retry(exc, 1) is True, exc
+    # requests' own mistakes of the caller are not transient
+    assert DEFAULT_POLICY.should_retry(errors.InvalidURL("no host"), 1) is False
+    assert DEFAULT_POLICY.should_retry(errors.MissingSchema("no scheme"), 1) is False
+
+
+def test_default_policy_retries_urllib3s_transient_errors():
+    urllib3 = pytest.importorskip("urllib3")
+    errors = urllib3.exceptions
+    sock = refused_port()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    pool = urllib3.PoolManager()
+    try:
+        with pytest.raises(errors.NewConnectionError) as bare:
+            pool.request("GET", url, retries=False, timeout=5)
+        with pytest.raises(errors.MaxRetryError) as retried:
+            pool.request("GET", url, retries=1, timeout=5)
+    finally:
+        sock.close()
+        pool.clear()
+
+    for exc in [
+        bare.value,
+        retried.value,
+        errors.ReadTimeoutError(None, url, "read timed out"),
+        errors.ProtocolError("Connection aborted."),
+        errors.NameResolutionError("example.invalid", None, socket.gaierror()),
+    ]:
+        assert DEFAULT_POLICY.should_retry(exc, 1) is True, exc
+    assert DEFAULT_POLICY.should_retry(errors.LocationParseError("::"), 1) is False
+
+
+def test_default_policy_retries_httpxs_transient_errors():
+    httpx = pytest.importorskip("httpx")
+    sock = refused_port()
+    try:
+        with pytest.raises(httpx.ConnectError) as caught:
+            httpx.get(f"http://127.0.0.1:{sock.getsockname()[1]}/", timeout=5)
+    finally:
+        sock.close()
+
+    for exc in [
+        caught.value,
+        httpx.ConnectTimeout("connect timed out"),
+        httpx.ReadTimeout("read timed out"),
+        httpx.PoolTimeout("no free connection"),
+        httpx.ReadError("connection reset"),
+        httpx.RemoteProtocolError("peer closed connection without sending complete message"),
+    ]:
+        assert DEFAULT_POLICY.should_retry(exc, 1) is True, exc
+    assert DEFAULT_POLICY.should_retry(httpx.UnsupportedProtocol("ftp://"), 1) is False
+
+
+CLIENTS = {"requests", "httpx", "urllib3"}
+
+
+def retry_set_without(*blocked: str) -> list[str]:
+    """The classes of DEFAULT_RETRY_ON, imported in a fresh interpreter where `blocked`
+    modules cannot be imported (as if not installed)."""
+    program = (
+        "import sys\n"
+        f"for name in {list(blocked)!r}: sys.modules[name] = None\n"
+        "from jobs.policies import DEFAULT_RETRY_ON\n"
+        "for cls in DEFAULT_RETRY_ON: print(cls.__module__ + '.' + cls.__qualname__)\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return ran.stdout.split()
+
+
+def test_a_client_library_that_is_not_installed_is_simply_absent():
+    none_installed = retry_set_without("requests", "httpx", "urllib3")
+    no_httpx = retry_set_without("httpx")
+
+    assert not [name for name in none_installed if name.split(".")[0] in CLIENTS]
+    assert {
+        "builtins.ConnectionError",
+        "builtins.TimeoutError",
+        "socket.gaierror",
+        "smtplib.SMTPServerDisconnected",
+        "jobs.policies.Retryable",
+        "jobs.policies.TimeLimitHit",
+    } <= set(none_installed)
+    assert "httpx" not in {name.split(".")[0] for name in no_httpx}
+    if importlib.util.find_spec("requests") is not None:
+        assert "requests.exceptions.ConnectionError" in no_httpx
+
+
+def test_the_default_set_holds_exactly_the_installed_clients():
+    installed = {name for name in CLIENTS if importlib.util.find_spec(name) is not None}
+    present = {cls.__module__.split(".")[0] for cls in DEFAULT_RETRY_ON} & CLIENTS
+    assert present == installed
+
+
+# --- jitter on explicit delays --------------------------------------------------------------
+
+
+def test_explicit_delays_take_no_jitter_unless_asked():
+    assert RetryPolicy.explicit(1, 5, 30).delay_for(2) == 5.0
+    assert RetryPolicy(delays=(1, 5, 30)).delay_for(3) == 30.0
+    assert RetryPolicy.explicit(1, 5, 30, jitter=False).delay_for(1) == 1.0
+
+
+@pytest.mark.parametrize(("attempt", "listed"), [(1, 1.0), (2, 5.0), (3, 30.0), (9, 30.0)])
+def test_jittered_explicit_delays_stay_within_half_and_the_whole(attempt, listed):
+    policy = RetryPolicy.explicit(1, 5, 30, jitter=True)
+    rng = random.Random(2024)
+
+    draws = [policy.delay_for(attempt, rng=rng) for _ in range(2000)]
+
+    assert all(listed / 2 <= d <= listed for d in draws)
+    assert len(set(draws)) > 1900
+    assert min(draws) < listed * 0.52 and max(draws) > listed * 0.98  # the whole window
+    assert policy.longest_delay() == 30.0  # jitter never waits longer than the list says
+
+
+def test_decide_draws_jittered_delays_from_the_given_rng():
+    policy = RetryPolicy.explicit(10, jitter=True)
+    first = policy.decide(TimeoutError(), 1, rng=random.Random(3))
+    again = policy.decide(TimeoutError(), 1, rng=random.Random(3))
+    assert first == again and 5.0 <= first.delay <= 10.0
+
+
+def test_backoff_keeps_full_jitter_by_default():
+    draws = [RetryPolicy(max_delay=8.0).delay_for(4, rng=random.Random(n)) for n in range(200)]
+    assert min(draws) < 1.0 and max(draws) <= 8.0
+
+
+# --- caps on the delays a failure asks for --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "expected"),
+    [(3600.0, 120.0), (120.0, 120.0), (30.0, 30.0), (0.0, 0.0), (-5.0, 0.0)],
+)
+def test_retry_after_is_capped_by_max_delay(retry_after, expected):
+    policy = RetryPolicy(max_attempts=3, max_delay=120.0)
+    decision = policy.decide(Retryable("busy", retry_after=retry_after), 1)
+    assert decision == RetryDecision(retry=True, delay=expected)
+
+
+def test_retry_after_on_an_explicit_policy_is_capped_by_max_delay_too():
+    policy = RetryPolicy.explicit(1, 2, max_delay=10.0)
+    assert policy.decide(Retryable("busy", retry_after=99), 1).delay == 10.0
+    assert policy.decide(Retryable("busy"), 2).delay == 2.0
+
+
+def test_a_tasks_retry_countdown_is_capped_by_its_policy():
+    from tests.support import tasks
+
+    with pytest.raises(Retryable) as caught:
+        tasks.flaky.retry(countdown=86_400)
+
+    assert caught.value.retry_after == 86_400
+    decision = tasks.flaky.policy.decide(caught.value, 1)
+    assert decision.retry is True and decision.delay == tasks.flaky.policy.max_delay == 600.0

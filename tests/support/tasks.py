@@ -137,3 +137,16 @@ def crashes(key: str, times: int) -> str:
     if mark(key) <= times:
         os.kill(os.getpid(), signal.SIGKILL)
     return "survived"
+
+
+@job(
+    name="tests.http_call",
+    retry=RetryPolicy(max_attempts=4, base_delay=0.2, factor=1.0, jitter=False, max_delay=5.0),
+)
+def http_call(url: str) -> int:
+    """GETs `url` with requests; jobs.http decides on the status (a test's local server answers)."""
+    import requests  # here, not at the top: only this job needs it
+
+    from jobs.http import raise_for_status
+
+    return raise_for_status(requests.get(url, timeout=5)).status_code
