@@ -8,7 +8,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Count, F
+from django.db.models import Count, Exists, F, OuterRef
 from django.utils import timezone
 
 from jobs import OwnedQuerySet
@@ -26,6 +26,10 @@ class EmailStatus(models.TextChoices):
     SENT = "sent", "Sent"  # the server accepted it (250); never sent again
     FAILED = "failed", "Failed"  # refused for good, or the send job gave up retrying
     UNCONFIRMED = "unconfirmed", "Unconfirmed"  # a worker died mid-send: not resent automatically
+
+
+# A message in one of these will not move again on its own: its recipient is no longer pending.
+FINISHED_EMAIL_STATUSES = (EmailStatus.SENT, EmailStatus.FAILED, EmailStatus.UNCONFIRMED)
 
 
 def _move(row: models.Model, sources: Collection[str], **changes: object) -> bool:
@@ -161,11 +165,11 @@ class EmailMessage(models.Model):
 
 
 class CampaignStatus(models.TextChoices):
-    """Where a campaign is: draft -> sending (started); shown as done once nothing is pending."""
+    """Where a campaign is: draft -> sending (started) -> done (no recipient pending)."""
 
     DRAFT = "draft", "Draft"  # recipients may still be added; not started
     SENDING = "sending", "Sending"  # started: the fan-out job queues one message per recipient
-    DONE = "done", "Done"  # every recipient sent or failed (see Campaign.status_shown)
+    DONE = "done", "Done"  # every recipient sent or failed (marked by the send job)
 
 
 class Campaign(models.Model):
@@ -219,10 +223,29 @@ class Campaign(models.Model):
             job_id=job_id,
         )
 
+    def mark_done(self) -> bool:
+        """sending -> done, once no recipient is pending (every message sent or failed).
+
+        The send job calls it after each campaign message's outcome: one guarded UPDATE whose
+        EXISTS stops at the first pending recipient, so it is cheap until the very end.
+        """
+        pending = CampaignRecipient.objects.filter(campaign=OuterRef("pk")).exclude(
+            email_message__status__in=FINISHED_EMAIL_STATUSES
+        )
+        moved = (
+            Campaign.objects.filter(pk=self.pk, status=CampaignStatus.SENDING)
+            .exclude(Exists(pending))
+            .update(status=CampaignStatus.DONE)
+        )
+        if moved:
+            self.status = CampaignStatus.DONE
+        return bool(moved)
+
     def status_shown(self, summary: dict[str, int]) -> str:
         """The status to show: a sending campaign with no recipient pending reads as done.
 
-        Derived on read from `summary()`, never saved by the read.
+        Derived on read from `summary()`, never saved by the read: it covers the moment between
+        the last message's outcome and the send job's mark_done().
         """
         if self.status == CampaignStatus.SENDING and summary["total"] and not summary["pending"]:
             return CampaignStatus.DONE

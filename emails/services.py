@@ -224,18 +224,33 @@ def email_deliver(*, email_id: int) -> str:
         connection.close()
     last = getattr(connection, "last_reply", None)
     provider_message_id = f"<{message.uid}@backlot>"
-    message.mark_sent(
+    if message.mark_sent(
         provider_message_id=provider_message_id,
         provider_reply=_reply_text(*last) if last else "",
-    )
+    ):
+        _campaign_settle(message)
     return provider_message_id
 
 
 def email_mark_failed(*, email_id: int, reason: str) -> None:
-    """The send job gave up: a message still queued is failed (sent/unconfirmed ones stay)."""
+    """The send job gave up: a message still queued is failed (sent/unconfirmed ones stay).
+
+    Every failed outcome (refused, unconfirmed, out of attempts) ends here, through the job's
+    on_dead hook: the message's campaign is settled too.
+    """
     message = EmailMessage.objects.filter(pk=email_id).first()
     if message is not None:
         message.mark_failed(error=mask_text(reason)[:2000])
+        _campaign_settle(message)
+
+
+def _campaign_settle(message: EmailMessage) -> None:
+    """A message reached its outcome: its campaign (if any) is done once none is pending."""
+    campaign = Campaign.objects.filter(
+        recipients__email_message=message, status=CampaignStatus.SENDING
+    ).first()
+    if campaign is not None:
+        campaign.mark_done()
 
 
 # --- campaigns ---------------------------------------------------------------------------

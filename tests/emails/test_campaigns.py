@@ -7,7 +7,14 @@ import io
 import tracemalloc
 
 from emails import services
-from emails.models import CampaignRecipient, EmailMessage, ImportStatus, RecipientImport
+from emails.models import (
+    CampaignRecipient,
+    CampaignStatus,
+    EmailMessage,
+    EmailStatus,
+    ImportStatus,
+    RecipientImport,
+)
 from emails.tasks import campaign_fan_out_job, email_send_job
 from jobs.models import Job
 from tests.conftest import wait_until
@@ -197,3 +204,46 @@ def test_csv_over_the_upload_limit_is_refused_and_not_kept(
         and "uploads are limited to 1000 bytes" in response.json()["detail"]
     )
     assert RecipientImport.objects.count() == 0 and not (tmp_path / "imports").exists()
+
+
+def _started_campaign(owner, addresses: list[str]):
+    campaign = services.campaign_create(
+        name="c",
+        template="campaign",
+        context={},
+        owner=owner,
+        recipients=[{"email": address} for address in addresses],
+    )
+    services.campaign_start(campaign=campaign, fan_out_job=campaign_fan_out_job)
+    services.campaign_fan_out_run(campaign_id=campaign.pk, send_job=email_send_job)
+    campaign.refresh_from_db()
+    return campaign
+
+
+def test_campaign_detail_get_reads_only(db, client, admin_user):
+    # given a sending campaign whose every message has its outcome
+    campaign = _started_campaign(admin_user, ["a@example.com", "b@example.com"])
+    EmailMessage.objects.update(status=EmailStatus.SENT)
+    client.force_login(admin_user)
+
+    # when its detail is read
+    body = client.get(f"/api/campaigns/{campaign.pk}/").json()
+
+    # then it reads as done, and the read wrote nothing
+    assert body["status"] == "done" and body["summary"]["pending"] == 0
+    campaign.refresh_from_db()
+    assert campaign.status == CampaignStatus.SENDING
+
+
+def test_the_last_outcome_marks_the_campaign_done(db, admin_user):
+    campaign = _started_campaign(admin_user, ["a@example.com", "b@example.com"])
+    first, second = EmailMessage.objects.order_by("pk")
+
+    services.email_mark_failed(email_id=first.pk, reason="Recipient refused")
+    campaign.refresh_from_db()
+    assert campaign.status == CampaignStatus.SENDING  # one recipient still pending
+
+    services.email_mark_failed(email_id=second.pk, reason="gave up")
+    campaign.refresh_from_db()
+    assert campaign.status == CampaignStatus.DONE
+    assert campaign.summary() == {"total": 2, "sent": 0, "failed": 2, "pending": 0}
