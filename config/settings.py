@@ -2,10 +2,9 @@
 
 import os
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import dj_database_url
-from kombu import Exchange, Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("BACKLOT_DATA_DIR", BASE_DIR / ".data"))
@@ -200,38 +199,18 @@ CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", 
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(
     os.environ.get("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", "30")
 )
+# The queues (BACKLOT["QUEUES"]); jobs.celery declares each with ten priority lists.
 BACKLOT_QUEUES = ("default", "emails", "reports", "media")
-# jobs.celery declares the queues of BACKLOT["QUEUES"] (ten priority lists each); until this
-# project's BACKLOT names them, they are declared here the same way.
-CELERY_TASK_QUEUES = [
-    Queue(name, Exchange(name), routing_key=name, queue_arguments={"x-max-priority": 9})
-    for name in BACKLOT_QUEUES
-]
 
 # --- Backlot -----------------------------------------------------------------------------
 
 
-class BacklotSettings(TypedDict):
-    """The keys of BACKLOT and their types (mypy reads settings through django-stubs)."""
-
-    MAX_PAYLOAD_BYTES: int
-    IDEMPOTENCY_TTL: int
-    PROGRESS_INTERVAL: float
-    MAX_BROKER_COUNTDOWN: int
-    MAX_WORKER_CRASHES: int
-    RATE_LIMIT_MAX_RESERVE: float
-    HEALTH_MAX_QUEUE_DEPTH: int
-    HEALTH_MAX_WAIT_SECONDS: float
-    METRICS_TOKEN: str
-    JOB_RETENTION_DAYS: int
-    DEAD_LETTER_RETENTION_DAYS: int
-    EFFECT_RETENTION_DAYS: int
-    ALERT_INTERVAL: int
-    LEASE_SECONDS: float
-    BEAT_LOCK_TTL: int
-
-
-BACKLOT: BacklotSettings = {
+# Backlot's settings (jobs.conf.BacklotSettings has every key, its default and its reason);
+# the reference project reads each from the environment.
+BACKLOT: dict[str, Any] = {
+    "QUEUES": BACKLOT_QUEUES,
+    # How often beat asks a worker to sweep the outbox (the relay process sweeps every second).
+    "RELAY_INTERVAL": float(os.environ.get("BACKLOT_RELAY_INTERVAL", "5")),
     # Serialized args + kwargs above this many bytes are refused at enqueue.
     "MAX_PAYLOAD_BYTES": int(os.environ.get("BACKLOT_MAX_PAYLOAD_BYTES", str(64 * 1024))),
     # A succeeded job keeps its idempotency key this long: a repeat enqueue is a no-op.

@@ -70,7 +70,7 @@ class BacklotSettings:
     # How often beat asks a worker to run the relay (s); `manage.py jobs relay` runs it too.
     RELAY_INTERVAL: float = 5.0
     # The URL name of the job status route (JobHandle.status_url): the jobs API router mounted
-    # on a NinjaAPI whose urls_namespace is "api-1" (ninja's default for version "1.0.0").
+    # on a NinjaAPI with urls_namespace="api-1" (ninja's own default is "api-<version>").
     STATUS_URL_NAME: str = "api-1:job_status"
     # Redis' redelivery timeout for unacknowledged messages (read from the broker options).
     VISIBILITY_TIMEOUT: int = field(default=DEFAULT_VISIBILITY_TIMEOUT)

@@ -1,4 +1,9 @@
-"""Looks up registered platform tasks by name (for replay and the relay)."""
+"""Looks up registered platform tasks by name (for replay, the relay and system checks).
+
+Celery imports the task modules of installed apps (autodiscover) only when a worker starts; a
+web process, the relay or a management command has imported only what its own code did. A
+name not registered yet makes Celery import them before the lookup gives up.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,17 @@ from .exceptions import UnknownTask
 from .task import PlatformTask
 
 
+def _import_task_modules() -> None:
+    # force=True imports the installed apps' tasks modules now, without the import_modules
+    # signal (whose Django fixup would run the system checks, which call platform_tasks()).
+    current_app.autodiscover_tasks(force=True)
+
+
 def task_by_name(name: str) -> PlatformTask:
     task = current_app.tasks.get(name)
+    if task is None:
+        _import_task_modules()
+        task = current_app.tasks.get(name)
     if task is None or not isinstance(task, PlatformTask):
         raise UnknownTask(
             f"No job named {name!r} is registered (was it renamed or removed?); nothing was sent"
@@ -18,4 +32,5 @@ def task_by_name(name: str) -> PlatformTask:
 
 
 def platform_tasks() -> list[PlatformTask]:
+    _import_task_modules()
     return [task for task in current_app.tasks.values() if isinstance(task, PlatformTask)]

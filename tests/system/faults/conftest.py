@@ -33,6 +33,7 @@ from celery import Celery
 from django.conf import settings
 from django.db import connection
 
+from config.celery import app as celery_app
 from jobs.models import DeadLetter, Job, JobState
 from tests.conftest import LOG_DIR, ROOT, Worker, wait_until
 from tests.system.faults.jobs import APPLIED_TABLE
@@ -268,7 +269,7 @@ class FaultWorker(Worker):
         self.name = f"{name}-{uuid.uuid4().hex[:6]}@localhost"
         # set_as_current=False: the project app must stay current_app for the rest of the session
         self.probe = Celery("faults-probe", broker=env["REDIS_URL"], set_as_current=False)
-        self.probe.conf.broker_transport_options = dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS)
+        self.probe.conf.broker_transport_options = dict(celery_app.conf.broker_transport_options)
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log_path = LOG_DIR / f"faults-{self.name.split('@')[0]}.log"
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (the worker writes it until stop())
