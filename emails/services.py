@@ -30,6 +30,8 @@ from .models import (
 )
 
 if TYPE_CHECKING:
+    # Job, the type @job returns (PlatformTask[P, R]), is asked for in jobs' public API; until
+    # jobs exports it, its module __getattr__ makes these annotations Any.
     from jobs import Job, JobHandle
 
 logger = logging.getLogger(__name__)

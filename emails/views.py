@@ -110,8 +110,6 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
             )
             messages.success(request, "Import started; the recipient count updates as it runs.")
             return redirect("emails:campaign", campaign_id=campaign.pk)
-    summary = campaign.summary()
-    campaign.status = campaign.status_shown(summary)  # for the page only; a GET saves nothing
     return render(
         request,
         "emails/pages/campaign.html",
@@ -119,7 +117,7 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
             "campaign": campaign,
             "form": form,
             "imports": campaign.imports.all()[:10],
-            "summary": summary,
+            "summary": campaign.summary(),
         },
     )
 

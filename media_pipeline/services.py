@@ -28,6 +28,8 @@ from .ladder import LADDER, frame_size
 from .models import Rendition, RenditionFormat, RenditionStatus, Video, VideoStatus
 
 if TYPE_CHECKING:
+    # Job, the type @job returns (PlatformTask[P, R]), is asked for in jobs' public API; until
+    # jobs exports it, its module __getattr__ makes these annotations Any.
     from jobs import Job as JobFunction
     from jobs import JobHandle
 

@@ -28,6 +28,8 @@ from .rendering import pdf_file_name, pdf_write
 from .schemas import ReportRequest, params_parse
 
 if TYPE_CHECKING:
+    # Job, the type @job returns (PlatformTask[P, R]), is asked for in jobs' public API; until
+    # jobs exports it, its module __getattr__ makes these annotations Any.
     from jobs import Job as JobFunction
 
 logger = logging.getLogger(__name__)
