@@ -13,6 +13,11 @@ from typing import TYPE_CHECKING, Any
 # name -> the module that defines it
 _EXPORTS = {
     "job": "jobs.decorators",
+    "cancel": "jobs.cancellation",
+    "Cancellation": "jobs.cancellation",
+    "acting_as": "jobs.context",
+    "AlreadyFinished": "jobs.exceptions",
+    "JobCancelled": "jobs.exceptions",
     "RetryPolicy": "jobs.policies",
     "DEFAULT_POLICY": "jobs.policies",
     "DEFAULT_RETRY_ON": "jobs.policies",
@@ -49,9 +54,12 @@ _MODULES = frozenset({"events", "http"})
 __all__ = [
     "DEFAULT_POLICY",
     "DEFAULT_RETRY_ON",
+    "AlreadyFinished",
     "BacklotError",
     "BrokerUnavailable",
+    "Cancellation",
     "InvalidPayload",
+    "JobCancelled",
     "JobHandle",
     "OwnedQuerySet",
     "PayloadTooLarge",
@@ -61,7 +69,9 @@ __all__ = [
     "RetryPolicy",
     "Retryable",
     "UnknownTask",
+    "acting_as",
     "backlot_settings",
+    "cancel",
     "dead_letter_discard",
     "dead_letter_discard_many",
     "dead_letter_replay",
@@ -95,7 +105,9 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from . import events, http
     from .admin import ReadOnlyAdmin
+    from .cancellation import Cancellation, cancel
     from .conf import backlot_settings
+    from .context import acting_as
     from .deadletters import (
         dead_letter_discard,
         dead_letter_discard_many,
@@ -106,9 +118,11 @@ if TYPE_CHECKING:
     from .effects import effect_applied, effect_once
     from .enqueue import JobHandle, enqueue_many
     from .exceptions import (
+        AlreadyFinished,
         BacklotError,
         BrokerUnavailable,
         InvalidPayload,
+        JobCancelled,
         PayloadTooLarge,
         ReplayError,
         UnknownTask,

@@ -17,6 +17,9 @@ from ninja import Router, Schema
 from ninja.errors import HttpError
 from ninja.params.functions import Query
 
+from .cancellation import cancel
+from .deadletters import audit
+from .exceptions import AlreadyFinished
 from .models import Job, JobState
 
 if TYPE_CHECKING:
@@ -250,4 +253,44 @@ def job_list(
     return {
         "items": [job_status(job) for job in page],
         "next_cursor": cursor_for(page[-1]) if more else None,
+    }
+
+
+class CancelOut(Schema):
+    job_id: str
+    state: str
+    cancelled: list[str]
+    requested: list[str]
+
+
+class CancelRefusedOut(Schema):
+    detail: str
+    state: str
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response={202: CancelOut, 409: CancelRefusedOut},
+    url_name="job_cancel",
+)
+def job_cancel(request: AuthenticatedRequest, job_id: str) -> tuple[int, dict[str, Any]]:
+    """Cancel a job (and the jobs it fanned out): a waiting one never runs, a running one is
+    asked to stop. 202 with what was cancelled; 409 with its state once it has finished; 404
+    for unknown ids and other users' jobs (staff may cancel any)."""
+    try:
+        key = uuid.UUID(job_id)
+    except ValueError:
+        raise HttpError(404, "No such job") from None
+    if not Job.objects.visible_to(request.auth).filter(id=key).exists():
+        raise HttpError(404, "No such job")
+    try:
+        outcome = cancel(key, by=request.auth)
+    except AlreadyFinished as exc:
+        return 409, {"detail": str(exc), "state": exc.state}
+    audit(user=request.auth, action="cancel-api", count=1, job_id=str(key))
+    return 202, {
+        "job_id": outcome.job_id,
+        "state": outcome.state,
+        "cancelled": outcome.cancelled,
+        "requested": outcome.requested,
     }

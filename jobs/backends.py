@@ -50,6 +50,7 @@ STATUS_OF_STATE = {
     JobState.RUNNING: TaskResultStatus.RUNNING,
     JobState.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     JobState.DEAD: TaskResultStatus.FAILED,
+    JobState.CANCELLED: TaskResultStatus.FAILED,  # with the cancellation in its errors
 }
 FINISHED = frozenset({TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED})
 
@@ -226,6 +227,13 @@ def _errors(row: Job) -> list[TaskError]:
             text = final_traceback
         errors.append(
             TaskError(exception_class_path=_exception_path(failure["exception"]), traceback=text)
+        )
+    if row.state == JobState.CANCELLED:
+        errors.append(
+            TaskError(
+                exception_class_path="jobs.exceptions.JobCancelled",
+                traceback=f"jobs.exceptions.JobCancelled: job {row.id} was cancelled",
+            )
         )
     return errors
 

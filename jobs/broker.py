@@ -108,12 +108,13 @@ def publish_many(
     task: Publishable,
     jobs: Sequence[tuple[str, Sequence[Any], Mapping[str, Any]]],
     priority: int,
+    queue: str | None = None,
     on_chunk: Callable[[list[str]], object] | None = None,
 ) -> int:
     """Publish (id, args, kwargs) messages a chunk per pipelined flush; `on_chunk(ids)` runs
     once the broker took a chunk. Returns how many were sent; a broker failure stops there."""
     amqp = task.app.amqp
-    queue = task.queue_name
+    queue = queue or task.queue_name
     options = {
         "exchange": "",
         "routing_key": queue,

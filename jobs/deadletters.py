@@ -48,6 +48,8 @@ def dead_letter_replay(
             kwargs=row.kwargs if kwargs is None else kwargs,
             priority=row.priority,
             owner=row.owner,
+            queue=row.queue,
+            detached=True,
         )
         ledger.dead_letter_replayed(
             dead_letter=row, job_id=handle.id if task.track else None, by=by
@@ -89,16 +91,18 @@ def dead_letter_replay_many(
         chunk = ids[start : start + BULK_BATCH]
         with transaction.atomic():
             rows = list(
-                DeadLetter.objects.select_for_update(skip_locked=True).filter(
-                    pk__in=chunk, status=DeadLetterStatus.DEAD
-                )
+                DeadLetter.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("owner")
+                .filter(pk__in=chunk, status=DeadLetterStatus.DEAD)
             )
             outcome.skipped += len(chunk) - len(rows)
-            groups: dict[tuple[str, int], list[DeadLetter]] = {}
+            # One bulk enqueue per task, priority, queue and owner: each replay keeps all four.
+            groups: dict[tuple[str, int, str, int | None], list[DeadLetter]] = {}
             for row in rows:
-                groups.setdefault((row.task_name, row.priority), []).append(row)
+                key = (row.task_name, row.priority, row.queue, row.owner_id)
+                groups.setdefault(key, []).append(row)
             replayed: list[int] = []
-            for (task_name, priority), group in groups.items():
+            for (task_name, priority, queue, _), group in groups.items():
                 try:
                     task = task_by_name(task_name)
                 except UnknownTask as exc:
@@ -109,7 +113,10 @@ def dead_letter_replay_many(
                     task,
                     [(row.args, row.kwargs) for row in group],
                     priority=priority,
+                    owner=group[0].owner,
+                    queue=queue,
                     replay_of=[row.pk for row in group],
+                    detached=True,
                 )
                 replayed += [row.pk for row in group]
                 _announce(job_ids, [row.pk for row in group], by, task_name)

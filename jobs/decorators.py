@@ -33,6 +33,8 @@ def job(
     track: bool = ...,
     bind: Literal[False] = ...,
     on_dead: Callable[[BaseException, tuple, dict], None] | None = ...,
+    cancel: Literal["cooperative", "terminate"] = ...,
+    on_cancelled: Callable[[tuple, dict], None] | None = ...,
     **celery_options: Any,
 ) -> Callable[[Callable[P, R]], PlatformTask[P, R]]: ...
 
@@ -51,6 +53,8 @@ def job(
     track: bool = ...,
     bind: Literal[True],
     on_dead: Callable[[BaseException, tuple, dict], None] | None = ...,
+    cancel: Literal["cooperative", "terminate"] = ...,
+    on_cancelled: Callable[[tuple, dict], None] | None = ...,
     **celery_options: Any,
 ) -> Callable[[Callable[Concatenate[Any, P], R]], PlatformTask[P, R]]: ...
 
@@ -69,6 +73,8 @@ def job(
     track: bool = True,
     bind: bool = False,
     on_dead: Callable[[BaseException, tuple, dict], None] | None = None,
+    cancel: Literal["cooperative", "terminate"] = "cooperative",
+    on_cancelled: Callable[[tuple, dict], None] | None = None,
     **celery_options: Any,
 ) -> Any:
     """Declare a job.
@@ -83,10 +89,15 @@ def job(
     and no stored result unless ignore_result=False is passed).
     on_dead(exc, args, kwargs) runs once the job gave up (after its dead letter is written),
     e.g. to mark the domain row failed.
+    cancel="terminate" kills the job's pool process when it is cancelled while running (for
+    work that never calls progress(), such as one long ffmpeg call); on_cancelled(args, kwargs)
+    runs once it is cancelled.
 
     The result is typed PlatformTask[P, R]: `.enqueue(...)`, `.delay(...)` and the function
     call itself are checked against the function's parameters (without `self` when bind=True).
     """
+    if cancel not in ("cooperative", "terminate"):
+        raise ValueError(f"cancel must be 'cooperative' or 'terminate', got {cancel!r}")
     if not 0 <= priority <= 9:
         raise ValueError(f"priority must be 0-9, got {priority!r}")
     if time_limit is not None and soft_time_limit is None:
@@ -118,6 +129,8 @@ def job(
             default_priority=priority,
             track=track,
             on_dead=staticmethod(on_dead) if on_dead else None,
+            cancel_mode=cancel,
+            on_cancelled=staticmethod(on_cancelled) if on_cancelled else None,
             **celery_options,
         )(func)
 

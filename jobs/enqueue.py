@@ -17,7 +17,7 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from . import broker, events, ledger
+from . import broker, context, events, ledger
 from .conf import backlot_settings
 from .exceptions import BrokerUnavailable
 from .models import Job
@@ -95,6 +95,16 @@ def _resolve_start(delay: float | None, eta: datetime | None, now: datetime) -> 
     return None
 
 
+def _lineage(owner: Any, detached: bool) -> dict[str, Any]:
+    """owner_id and parent_id of a new job (see enqueue)."""
+    running = None if detached else context.running_job()
+    user = owner if getattr(owner, "pk", None) else context.acting_user()
+    return {
+        "owner_id": user.pk if user is not None else (running.owner_id if running else None),
+        "parent_id": running.job_id if running else None,
+    }
+
+
 def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
     if on_commit:
         transaction.on_commit(send)
@@ -128,11 +138,14 @@ def enqueue(
     task_id: str | None = None,
     queue: str | None = None,
     publish_options: Mapping[str, Any] | None = None,
+    detached: bool = False,
 ) -> JobHandle:
     """Accept a job: check its payload, write its ledger row, publish after commit.
 
     With an idempotency key, a second enqueue while the first job is active (or succeeded
     within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
+    The job belongs to `owner`, else to the user acted for, else to the owner of the running
+    job that enqueues it, whose child it is unless `detached` (jobs.context).
     """
     args, kwargs = list(args), dict(kwargs or {})
     if not on_commit and transaction.get_connection().in_atomic_block:
@@ -153,7 +166,7 @@ def enqueue(
         kwargs=kwargs,
         queue=queue,
         priority=priority,
-        owner=owner if getattr(owner, "pk", None) else None,
+        **_lineage(owner, detached),
         idempotency_key=idempotency_key or "",
         state=JobState.SCHEDULED if start_at else JobState.QUEUED,
         max_attempts=task.policy.max_attempts,
@@ -237,7 +250,9 @@ def enqueue_many(
     priority: int | None = None,
     owner: Any = None,
     on_commit: bool = True,
+    queue: str | None = None,
     replay_of: Sequence[int] | None = None,
+    detached: bool = False,
 ) -> list[str]:
     """Accept many jobs of one task at once; returns their ids, in the order of `calls`.
 
@@ -258,9 +273,9 @@ def enqueue_many(
     if task.track:
         prototype = Job(
             task_name=task.name,
-            queue=check_queue(task.queue_name),
+            queue=check_queue(queue or task.queue_name),
             priority=priority,
-            owner=owner if getattr(owner, "pk", None) else None,
+            **_lineage(owner, detached),
             state=JobState.QUEUED,
             max_attempts=task.policy.max_attempts,
             enqueued_at=timezone.now(),
@@ -272,6 +287,7 @@ def enqueue_many(
         sent = broker.publish_many(
             task=task,
             jobs=messages,
+            queue=queue or task.queue_name,
             priority=priority,
             on_chunk=ledger.mark_published if task.track else None,
         )

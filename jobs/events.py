@@ -47,6 +47,11 @@ job_dead = Signal()
 """The job gave up: its ledger row is dead and its dead letter written (one transaction).
 Arguments: job_id, task, queue, attempt, duration (or None), exception, dead_letter_id."""
 
+job_cancelled = Signal()
+"""The job was cancelled: its ledger row is cancelled (no retry, no dead letter).
+Arguments: job_id, task, queue, attempt, while_running (its run was stopped, or it never ran),
+by (the user who cancelled, when known; sent in that user's process), duration (while_running)."""
+
 job_rate_limited = Signal()
 """A job found no rate-limit token and was re-sent for its turn (no attempt spent).
 Arguments: job_id, wait (seconds until its turn)."""
@@ -61,6 +66,7 @@ ALL = {
     "retrying": job_retrying,
     "succeeded": job_succeeded,
     "dead": job_dead,
+    "cancelled": job_cancelled,
     "rate_limited": job_rate_limited,
     "replayed": job_replayed,
 }

@@ -23,3 +23,17 @@ class ReplayError(BacklotError):
 
 class BrokerUnavailable(BacklotError):
     """The broker did not take a message that has no ledger row to wait in (track=False)."""
+
+
+class AlreadyFinished(BacklotError):
+    """A job that has ended (succeeded, dead, cancelled) cannot be cancelled."""
+
+    def __init__(self, job_id: str, state: str) -> None:
+        super().__init__(f"Job {job_id} already finished: it is {state}")
+        self.job_id = job_id
+        self.state = state
+
+
+class JobCancelled(BacklotError):
+    """Raised inside a running job by self.progress() once it was asked to stop: the run ends
+    cancelled (no retry, no dead letter). A job may catch it to clean up, then re-raise."""

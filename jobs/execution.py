@@ -20,11 +20,11 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from . import events, ledger
+from . import context, events, ledger
 from .broker import backlot_priority
 from .conf import backlot_settings
 from .enqueue import Enqueueable, publish_job
-from .exceptions import BrokerUnavailable
+from .exceptions import BrokerUnavailable, JobCancelled
 from .lease import renewer
 from .models import Job
 from .policies import Permanent, TimeLimitHit
@@ -43,6 +43,7 @@ class Runnable(Enqueueable, Protocol):
 
     cluster_rate_limit: str | Mapping[str, str] | None
     on_dead: Callable[[BaseException, tuple, dict], None] | None
+    on_cancelled: Callable[[tuple, dict], None] | None
 
     @property
     def request(self) -> Any: ...
@@ -123,9 +124,13 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         renewer.hold(job_id=request.id, attempt=attempt, lease_seconds=lease_seconds)
     started = time.monotonic()
     try:
-        result = task.run(*args, **kwargs)
+        with context.running(str(request.id), claim.owner_id if claim else None):
+            result = task.run(*args, **kwargs)
     except Retry:
         raise
+    except JobCancelled:
+        stopped_on_request(task, args, kwargs, attempt, time.monotonic() - started)
+        raise Ignore() from None
     except Ignore:  # the job decided it has nothing (more) to do
         _succeeded(task, attempt, time.monotonic() - started, None)
         raise
@@ -191,6 +196,10 @@ def attempt_failed(
         if isinstance(exc, SoftTimeLimitExceeded)
         else exc
     )
+    if task.track and cancel_requested(_job_id(task)):
+        # asked to stop, and it failed on the way out: cancelled, not retried or dead
+        stopped_on_request(task, args, kwargs, attempt, run_seconds)
+        raise Ignore()
     decision = task.policy.decide(reason, attempt)
     if not decision.retry:
         give_up(
@@ -257,6 +266,25 @@ def give_up(
         dead_letter_id=dead_letter.pk if dead_letter else None,
     )
     call_on_dead(task, exc, args, kwargs)
+
+
+def cancel_requested(job_id: str) -> bool:
+    return Job.objects.filter(id=job_id, cancel_requested_at__isnull=False).exists()
+
+
+def stopped_on_request(
+    task: Runnable, args: Any, kwargs: Any, attempt: int, run_seconds: float | None
+) -> None:
+    """The run stopped because it was cancelled (JobCancelled, or its process terminated):
+    the row ends cancelled, the event is sent and the job's on_cancelled hook runs."""
+    if task.track:
+        ledger.run_cancelled(job_id=_job_id(task), run_seconds=run_seconds)
+    _event(events.job_cancelled, task, attempt, while_running=True, by=None, duration=run_seconds)
+    if task.on_cancelled is not None:
+        try:
+            task.on_cancelled(tuple(args), dict(kwargs))
+        except Exception:
+            logger.exception("on_cancelled hook of %s failed", task.name)
 
 
 def call_on_dead(task: Runnable, exc: BaseException, args: Any, kwargs: Any) -> None:

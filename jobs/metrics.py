@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from . import telemetry
 from .models import DeadLetter
 from .monitoring import queue_stats
+from .pausing import paused_queues
 
 
 class BacklotCollector(Collector):
@@ -28,12 +29,17 @@ class BacklotCollector(Collector):
         oldest = GaugeMetricFamily(
             "backlot_queue_oldest_wait_seconds", "Age of the oldest queued job.", labels=["queue"]
         )
+        paused = GaugeMetricFamily(
+            "backlot_queue_paused", "1 while the queue is paused, else 0.", labels=["queue"]
+        )
+        paused_now = paused_queues()
         for q in queue_stats():
+            paused.add_metric([q.name], 1 if q.name in paused_now else 0)
             depth.add_metric([q.name], q.waiting)
             scheduled.add_metric([q.name], q.scheduled)
             running.add_metric([q.name], q.running)
             oldest.add_metric([q.name], q.oldest_wait_seconds)
-        yield from (depth, scheduled, running, oldest)
+        yield from (depth, scheduled, running, oldest, paused)
         dead = GaugeMetricFamily(
             "backlot_dead_letters", "Dead letters by task and status.", labels=["task", "status"]
         )

@@ -126,6 +126,22 @@ class Job(models.Model):
     failures = models.JSONField(
         "failures", default=list, blank=True, help_text="One entry per failed attempt."
     )
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="children",
+        db_index=False,  # job_parent_idx: partial, over the few rows that have a parent
+        verbose_name="parent job",
+        help_text="The job that enqueued this one while it ran (a fan-out, a canvas member).",
+    )
+    cancel_requested_at = models.DateTimeField(
+        "cancel requested",
+        null=True,
+        blank=True,
+        help_text="When someone asked the job to stop (it ends cancelled).",
+    )
     enqueued_at = models.DateTimeField("enqueued", default=timezone.now, help_text="Accepted.")
     scheduled_for = models.DateTimeField(
         "scheduled for", null=True, blank=True, help_text="Earliest start (delay, eta, retry)."
@@ -194,6 +210,14 @@ class Job(models.Model):
                 condition=Q(state__in=["scheduled", "retrying"], published_at__isnull=True),
             ),
             models.Index(fields=["finished_at"], name="job_finished_idx"),
+            # A cancel walks the tree a job fanned out; parents never change on the hot path.
+            models.Index(
+                fields=["parent"], name="job_parent_idx", condition=Q(parent__isnull=False)
+            ),
+        ]
+        permissions = [
+            ("cancel_job", "Can cancel jobs"),
+            ("pause_queue", "Can pause and resume queues"),
         ]
 
     def __str__(self) -> str:

@@ -16,6 +16,7 @@ from django.utils import timezone
 from . import broker
 from .conf import backlot_settings
 from .models import DeadLetter, Job, JobState
+from .pausing import paused_queues
 from .redis import redis_client
 
 logger = logging.getLogger(__name__)
@@ -65,11 +66,17 @@ def queue_stats() -> list[QueueStats]:
 
 
 def workers_detail() -> dict[str, dict[str, Any]]:
-    """Worker hostname -> {"queues": [...], "concurrency": n}; cached briefly in Redis."""
+    """Worker hostname -> {"queues": [...], "concurrency": n}; cached briefly in Redis.
+
+    A pause or resume since the answer was cached makes it stale: workers act on it at once,
+    and a queue just resumed must not read as "no worker consumes it" for the cache's life."""
     client = redis_client()
+    paused = sorted(paused_queues())
     cached = client.get(WORKERS_CACHE_KEY)
     if cached is not None:
-        return json.loads(cached)
+        entry = json.loads(cached)
+        if entry.get("paused") == paused:
+            return entry["workers"]
     inspect = current_app.control.inspect(timeout=1.0)
     queues = inspect.active_queues() or {}
     stats: dict[str, Any] = inspect.stats() or {} if queues else {}
@@ -80,7 +87,11 @@ def workers_detail() -> dict[str, dict[str, Any]]:
         }
         for host, host_queues in queues.items()
     }
-    client.set(WORKERS_CACHE_KEY, json.dumps(workers), ex=WORKERS_CACHE_SECONDS)
+    client.set(
+        WORKERS_CACHE_KEY,
+        json.dumps({"paused": paused, "workers": workers}),
+        ex=WORKERS_CACHE_SECONDS,
+    )
     return workers
 
 
@@ -115,7 +126,10 @@ def _redis() -> dict[str, Any]:
 
 
 def health_report() -> tuple[str, dict[str, Any]]:
-    """("healthy" | "degraded" | "down", details). Down: the database or Redis is unreachable."""
+    """("healthy" | "degraded" | "down", details). Down: the database or Redis is unreachable.
+
+    A paused queue is listed under checks["paused"]; its depth, age and missing workers are
+    what a pause means, not problems (so alerts stay quiet about it)."""
     limits = backlot_settings()
     db_ok, db = _check(_database)
     redis_ok, redis_info = _check(_redis)
@@ -123,11 +137,16 @@ def health_report() -> tuple[str, dict[str, Any]]:
     if not (db_ok and redis_ok):
         return "down", {"checks": checks}
     problems: list[str] = []
+    paused_ok, paused = _check(paused_queues)
+    paused = paused if paused_ok else frozenset()
+    checks["paused"] = sorted(paused)
     queues_ok, queues = _check(queue_stats)
     workers_ok, workers = _check(workers_online)
     if queues_ok:
         checks["queues"] = {q.name: asdict(q) for q in queues}
         for q in queues:
+            if q.name in paused:
+                continue
             if q.waiting > limits.HEALTH_MAX_QUEUE_DEPTH:
                 problems.append(
                     f"queue {q.name}: {q.waiting} waiting > {limits.HEALTH_MAX_QUEUE_DEPTH}"
@@ -143,7 +162,7 @@ def health_report() -> tuple[str, dict[str, Any]]:
         checks["workers"] = workers
         served = {q for names in workers.values() for q in names}
         for queue in backlot_settings().QUEUES:
-            if queue not in served:
+            if queue not in served and queue not in paused:
                 problems.append(f"no worker consumes queue {queue}")
     else:
         problems.append(f"workers unavailable: {workers}")

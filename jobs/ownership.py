@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from django.db import models
 
@@ -18,7 +18,7 @@ class OwnedQuerySet(models.QuerySet[_Model]):
 
     owner_field = "owner"
 
-    def visible_to(self, user: Any) -> OwnedQuerySet[_Model]:
+    def visible_to(self, user: Any) -> Self:
         """Rows `user` may read: their own; all of them for active staff; none when anonymous."""
         if getattr(user, "is_staff", False) and getattr(user, "is_active", False):
             return self
@@ -26,6 +26,6 @@ class OwnedQuerySet(models.QuerySet[_Model]):
             return self.none()
         return self.filter(**{self.owner_field: user})
 
-    def owned_by(self, user: Any) -> OwnedQuerySet[_Model]:
+    def owned_by(self, user: Any) -> Self:
         """Rows that belong to `user`, whoever asks (a staff member's own list, for instance)."""
         return self.filter(**{self.owner_field: user})

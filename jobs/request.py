@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any, cast
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Retry, Terminated
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 from django.db import close_old_connections
@@ -56,7 +56,9 @@ class PlatformRequest(Request):
         exc = getattr(exc, "exc", exc)
         if getattr(self.task, "track", False) or isinstance(exc, TimeLimitExceeded):
             close_old_connections()  # the main process holds its connection for days
-            if isinstance(exc, TimeLimitExceeded):
+            if isinstance(exc, (Terminated, WorkerLostError)) and self._stopped_on_request():
+                pass  # cancelled: recorded, and Celery acks (or requeues a copy dropped at claim)
+            elif isinstance(exc, TimeLimitExceeded):
                 if self._hard_time_limit(exc):
                     return self._retry_scheduled()
             elif isinstance(exc, WorkerLostError) or (
@@ -122,6 +124,23 @@ class PlatformRequest(Request):
         except Exception:
             logger.exception("Could not record the time limit of job %s", self.id)
         return self._backlot_retrying
+
+    def _stopped_on_request(self) -> bool:
+        """A pool process that died (a terminating cancel kills it) under a cancellation
+        request: the job ends cancelled. True when it was."""
+        task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
+        try:
+            if not execution.cancel_requested(self.id):
+                return False
+            job = Job.objects.filter(id=self.id).only("attempts").first()
+            with _bound_request(task, self):
+                execution.stopped_on_request(
+                    task, tuple(self.args), dict(self.kwargs), job.attempts if job else 0, None
+                )
+            return True
+        except Exception:
+            logger.exception("Could not record the cancellation of job %s", self.id)
+            return False
 
     def _worker_lost(self, exc: BaseException) -> None:
         """Free the claim so the requeued message runs again, until the job is a poison pill."""

@@ -17,6 +17,9 @@ does not allow changes nothing. tests/jobs/test_states.py walks the table agains
     mark_published   queued, scheduled, retrying, running   (unchanged; published_at set)
     republish        queued, scheduled*, retrying*          (unchanged; published_at cleared)
     drop_early       scheduled, retrying                    (unchanged; published_at cleared)
+    cancel           queued, scheduled, retrying            cancelled (never runs)
+    request_cancel   running                                (unchanged; cancel_requested_at set)
+    run_cancelled    running                                cancelled (its run stopped)
 
     * once due (scheduled_for has come)   † only once its lease has lapsed
 """
@@ -37,6 +40,7 @@ class JobState(models.TextChoices):
     RETRYING = "retrying", "Retrying"  # failed an attempt; the next one is scheduled
     SUCCEEDED = "succeeded", "Succeeded"  # finished; its return value is in `result`
     DEAD = "dead", "Dead"  # gave up; a DeadLetter row holds what is needed to replay it
+    CANCELLED = "cancelled", "Cancelled"  # stopped on request: never ran, or its run stopped
 
 
 class DeadLetterStatus(models.TextChoices):
@@ -50,7 +54,7 @@ class DeadLetterStatus(models.TextChoices):
 ACTIVE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYING)
 WAITING_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING)
 CLAIMABLE_STATES = WAITING_STATES
-FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD)
+FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,9 @@ TRANSITIONS: dict[str, Transition] = _table(
     Transition("mark_published", ACTIVE_STATES, None),
     Transition("republish", WAITING_STATES, None),
     Transition("drop_early", (JobState.SCHEDULED, JobState.RETRYING), None),
+    Transition("cancel", WAITING_STATES, JobState.CANCELLED),
+    Transition("request_cancel", (JobState.RUNNING,), None),
+    Transition("run_cancelled", (JobState.RUNNING,), JobState.CANCELLED),
 )
 
 

@@ -9,6 +9,7 @@ enqueue options go through ``using()``: ``email_send.using(priority=9, owner=use
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,7 @@ from . import enqueue as enqueuing
 from . import execution
 from .conf import backlot_settings
 from .enqueue import JobHandle
+from .exceptions import JobCancelled
 from .policies import DEFAULT_POLICY, Retryable, RetryPolicy
 from .progress import ProgressThrottle
 
@@ -31,6 +33,9 @@ RateKey = Callable[[tuple, dict], Any] | str
 ENQUEUE_OPTIONS = frozenset(
     {"idempotency_key", "priority", "delay", "eta", "on_commit", "owner", "queue"}
 )
+# A running job reads its cancellation request at most this often (seconds): a progress() loop
+# of 100,000 steps costs a handful of reads, and a cancel is seen within half a second.
+CANCEL_CHECK_INTERVAL = 0.5
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
 _APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue"})
 
@@ -61,6 +66,12 @@ class PlatformTask(Task[P, R]):
     rate_key: RateKey | None = None
     # Called as on_dead(exc, args, kwargs) after the job gave up and its dead letter is written.
     on_dead: Callable[[BaseException, tuple, dict], None] | None = None
+    # "cooperative": a cancel stops the run at its next progress() call (JobCancelled);
+    # "terminate": its pool process (and the processes it started) is killed.
+    cancel_mode: str = "cooperative"
+    # Called as on_cancelled(args, kwargs) once the job is cancelled (in the canceller's process
+    # for a job that never ran, in the worker for a stopped run).
+    on_cancelled: Callable[[tuple, dict], None] | None = None
 
     # --- caller's side -----------------------------------------------------------------
     def using(
@@ -160,10 +171,14 @@ class PlatformTask(Task[P, R]):
         Throttled to one write per BACKLOT['PROGRESS_INTERVAL'] seconds: a call inside the
         interval is kept and written when the interval ends (so the latest step shows even if
         the job then blocks), and the final step (done >= total) is written at once.
+
+        Raises JobCancelled once the job was asked to stop (see cancelled()).
         """
         request = self.request
         if not self.track or not request.id or request.called_directly:
             return
+        if self.cancelled():
+            raise JobCancelled(f"job {request.id} was cancelled")
         throttle = getattr(request, "_backlot_progress", None)
         if throttle is None:
             # Kept on Celery's per-request Context (which declares no such attribute).
@@ -171,6 +186,25 @@ class PlatformTask(Task[P, R]):
                 request.id, backlot_settings().PROGRESS_INTERVAL
             )
         throttle.report(done, total, message)
+
+    def cancelled(self) -> bool:
+        """Whether someone asked this run to stop (jobs.cancel, the API, admin, a revoke).
+
+        Reads the ledger at most once per CANCEL_CHECK_INTERVAL, so a loop may ask every step.
+        """
+        request = self.request
+        if not self.track or not request.id or request.called_directly:
+            return False
+        # Kept on Celery's per-request Context (which declares no such attributes).
+        if getattr(request, "_backlot_cancelled", False):
+            return True
+        now = time.monotonic()
+        if now - getattr(request, "_backlot_cancel_checked", 0.0) < CANCEL_CHECK_INTERVAL:
+            return False
+        request._backlot_cancel_checked = now  # type: ignore[attr-defined]
+        asked = execution.cancel_requested(str(request.id))
+        request._backlot_cancelled = asked  # type: ignore[attr-defined]
+        return asked
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         request = self.request

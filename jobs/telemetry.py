@@ -110,7 +110,7 @@ def job_event(
             "outcome": outcome or event,
         },
     )
-    if event in ("succeeded", "retrying", "dead"):
+    if event in ("succeeded", "retrying", "dead", "cancelled"):
         record_outcome(task, event, duration)
 
 
@@ -129,7 +129,9 @@ def _receiver(event: str) -> Any:
     return receive
 
 
-_RECEIVERS = {name: _receiver(name) for name in ("started", "retrying", "succeeded", "dead")}
+_RECEIVERS = {
+    name: _receiver(name) for name in ("started", "retrying", "succeeded", "dead", "cancelled")
+}
 
 
 def _count_rate_limited(sender: str, **kwargs: Any) -> None:

@@ -16,6 +16,7 @@ from .accept import (
     republish,
     waiting_but_due,
 )
+from .cancel import cancel_waiting, request_cancel, run_cancelled
 from .resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
 from .run import (
     EARLY_TOLERANCE,
@@ -39,6 +40,7 @@ __all__ = [
     "Claim",
     "Defaults",
     "NewRow",
+    "cancel_waiting",
     "claim",
     "dead_letter_replayed",
     "dead_letters_discarded",
@@ -54,7 +56,9 @@ __all__ = [
     "release",
     "renew",
     "republish",
+    "request_cancel",
     "retry_later",
+    "run_cancelled",
     "succeed",
     "waiting_but_due",
 ]

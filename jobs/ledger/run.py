@@ -38,6 +38,7 @@ class Claim:
     attempt: int
     max_attempts: int
     failures: list[dict[str, Any]]
+    owner_id: int | None = None  # the jobs this run enqueues belong to the same user
 
 
 _CLAIM_SQL = """
@@ -47,7 +48,7 @@ WHERE id = %s AND (
     state = %s
     OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
     OR (state = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)))
-RETURNING attempts, max_attempts, failures
+RETURNING attempts, max_attempts, failures, owner_id
 """
 
 
@@ -76,6 +77,7 @@ def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Cla
                 "lease_expires_at",
                 "started_at",
                 "scheduled_for",
+                "owner",
             )
             .filter(id=job_id)
             .first()
@@ -120,7 +122,7 @@ def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Cla
             update_fields=["state", "attempts", "started_at", "last_started_at", "lease_expires_at"]
         )
         Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
-    return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures))
+    return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures), job.owner_id)
 
 
 def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float) -> Claim | None:
@@ -151,10 +153,10 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
         row = cursor.fetchone()
     if row is None:
         return None
-    attempts, max_attempts, failures = row
+    attempts, max_attempts, failures, owner_id = row
     if isinstance(failures, (str, bytes)):
         failures = json.loads(failures)
-    return Claim(str(job_id), attempts, max_attempts, list(failures or []))
+    return Claim(str(job_id), attempts, max_attempts, list(failures or []), owner_id)
 
 
 def _held(job_id: str, attempt: int, event: str) -> Any:

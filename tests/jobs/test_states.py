@@ -83,6 +83,9 @@ WRITES: dict[str, Callable[[Job], Any]] = {
         lost_after=timedelta(0),
     ),
     "drop_early": drop_early,
+    "cancel": lambda job: ledger.cancel_waiting([job.id]),
+    "request_cancel": lambda job: ledger.request_cancel([job.id]),
+    "run_cancelled": lambda job: ledger.run_cancelled(job_id=str(job.id)),
 }
 
 
@@ -92,6 +95,8 @@ def changed(before: Job, after: Job, event: str) -> bool:
         return after.lease_expires_at != before.lease_expires_at
     if event == "progress":
         return after.progress_done == 3
+    if event == "request_cancel":
+        return after.cancel_requested_at is not None
     if event == "mark_published":
         return after.published_at is not None
     if event == "republish":

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 
+from jobs import JobCancelled
 from jobs.decorators import job
 from jobs.effects import effect_once
 from jobs.policies import Permanent, RetryPolicy
@@ -150,3 +152,58 @@ def http_call(url: str) -> int:
     from jobs.http import raise_for_status
 
     return raise_for_status(requests.get(url, timeout=5)).status_code
+
+
+@job(name="tests.cooperative", bind=True)
+def cooperative(self: Any, key: str, seconds: float = 30, children: int = 0) -> str:
+    """Works in small steps, reporting progress, until done or cancelled; may first fan out
+    `children` jobs on the `reports` queue (which only tests' own workers consume)."""
+    for index in range(children):
+        prioritized.enqueue(key, f"child-{index}")
+    mark(key, "started")
+    deadline = time.monotonic() + seconds
+    step = 0
+    try:
+        while time.monotonic() < deadline:
+            step += 1
+            self.progress(step)
+            time.sleep(0.05)
+    except JobCancelled:
+        mark(key, "stopped")
+        raise
+    return "finished"
+
+
+@job(name="tests.terminated", cancel="terminate", retry=RetryPolicy(max_attempts=1))
+def terminated(key: str) -> None:
+    """Waits on a child process, as a job running ffmpeg does: only terminating it stops it."""
+    child = subprocess.Popen(["sleep", "60"])
+    redis_client().set(f"test:{key}:child", child.pid, ex=120)
+    mark(key, "started")
+    child.wait()
+
+
+@job(name="tests.total")
+def total(values: list[int]) -> int:
+    """A chord body: the sum of its header's results."""
+    return sum(values)
+
+
+@job(name="tests.fan_out")
+def fan_out(kind: str, in_transaction: bool = True) -> dict[str, Any]:
+    """Sends a group or a chord of add jobs (from inside a transaction unless told otherwise)
+    and one plain child job; returns their ids, for tests of what a running job enqueues."""
+    from celery import chord, group
+    from django.db import transaction
+
+    import uuid
+    members = [add.si(1, 2).set(task_id=str(uuid.uuid4())), add.si(3, 4).set(task_id=str(uuid.uuid4()))]
+    with transaction.atomic() if in_transaction else contextlib.nullcontext():
+        if kind == "chord":
+            body = chord(members, total.s()).on_error(record.si("x", "err")).apply_async()
+            ids = {"body": body.id, "members": [r.id for r in body.parent.results]}
+        else:
+            sent = group(members).apply_async()
+            ids = {"group": sent.id, "members": [r.id for r in sent.results]}
+        ids["child"] = add.enqueue(5, 6).id
+    return ids

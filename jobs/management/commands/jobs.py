@@ -1,4 +1,5 @@
-"""manage.py jobs status|retry|discard|purge: the operator's terminal tools."""
+"""manage.py jobs status|retry|discard|cancel|pause|resume|purge|relay: the operator's terminal
+tools."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ import signal
 import time
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
+from jobs.cancellation import cancel_many
 from jobs.dashboard import dashboard_data
 from jobs.deadletters import audit, dead_letter_discard_many, dead_letter_replay_many
 from jobs.masking import mask_text
-from jobs.models import DeadLetter
+from jobs.models import DeadLetter, Job
+from jobs.pausing import pause, resume
 from jobs.redis import redis_client
 from jobs.relay import job_relay
 from jobs.retention import retention_purge
@@ -27,6 +31,7 @@ RELAY_HEARTBEAT = "backlot:relay:heartbeat"
 
 COLUMNS = [
     ("queue", "name"),
+    ("state", "state"),
     ("waiting", "waiting"),
     ("sched", "scheduled"),
     ("running", "running"),
@@ -64,6 +69,21 @@ class Command(BaseCommand):
             action.add_argument(
                 "--dry-run", action="store_true", help="Only say what would happen."
             )
+        cancel = sub.add_parser(
+            "cancel", help="Cancel jobs that have not ended (by id, or every one matching)."
+        )
+        cancel.add_argument("job_ids", nargs="*", metavar="JOB_ID")
+        cancel.add_argument("--task")
+        cancel.add_argument("--queue")
+        cancel.add_argument("--since", help="ISO time: enqueued at or after")
+        cancel.add_argument("--until", help="ISO time: enqueued before")
+        cancel.add_argument("--limit", type=int)
+        cancel.add_argument("--dry-run", action="store_true", help="Only say what would happen.")
+        for name, text in (
+            ("pause", "Stop workers taking QUEUE's jobs (enqueue still accepts them)."),
+            ("resume", "Let workers take QUEUE's jobs again."),
+        ):
+            sub.add_parser(name, help=text).add_argument("queue", metavar="QUEUE")
         purge = sub.add_parser("purge", help="Apply retention now.")
         purge.add_argument("--dry-run", action="store_true")
         relay = sub.add_parser(
@@ -170,6 +190,72 @@ class Command(BaseCommand):
         count = dead_letter_discard_many(queryset=DeadLetter.objects.filter(pk__in=ids))
         audit(user=None, action="discard-cli", count=count, filters=filters)
         self.stdout.write(f"Discarded {count} dead letter(s).")
+
+    # --- cancel -------------------------------------------------------------------------
+    def do_cancel(
+        self,
+        job_ids: list[str],
+        limit: int | None = None,
+        dry_run: bool = False,
+        **options: Any,
+    ) -> None:
+        jobs = Job.objects.active()
+        filters = {key: options.get(key) for key in ("task", "queue", "since", "until")}
+        if not job_ids and not any(filters.values()):
+            raise CommandError("Name job ids or a filter (--task, --queue, --since, --until).")
+        for key in ("since", "until"):
+            if filters[key] and parse_datetime(str(filters[key])) is None:
+                raise CommandError(f"--{key} must be an ISO date-time, e.g. 2026-11-29T09:00:00Z")
+        try:
+            if job_ids:
+                jobs = jobs.filter(id__in=job_ids)
+        except ValidationError as exc:
+            raise CommandError(f"Not a job id: {exc.messages[0]}") from None
+        if filters["task"]:
+            jobs = jobs.filter(task_name=filters["task"])
+        if filters["queue"]:
+            jobs = jobs.filter(queue=filters["queue"])
+        if filters["since"]:
+            jobs = jobs.filter(enqueued_at__gte=parse_datetime(str(filters["since"])))
+        if filters["until"]:
+            jobs = jobs.filter(enqueued_at__lt=parse_datetime(str(filters["until"])))
+        rows = list(jobs.order_by("enqueued_at").values_list("id", "task_name", "state")[:limit])
+        if dry_run:
+            self.stdout.write(f"Would cancel {len(rows)} job(s):")
+            for job_id, task, state in rows[:50]:
+                self.stdout.write(f"  {job_id} {task} ({state})")
+            return
+        done, ended = cancel_many([job_id for job_id, _, _ in rows])
+        audit(
+            user=None,
+            action="cancel-cli",
+            count=done,
+            filters={k: v for k, v in filters.items() if v},
+        )
+        self.stdout.write(f"Cancelled {done} job(s); {ended} had already finished.")
+
+    # --- pause / resume -----------------------------------------------------------------
+    def do_pause(self, queue: str, **_: Any) -> None:
+        try:
+            changed = pause(queue)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        audit(user=None, action="pause-cli", count=int(changed), queue=queue)
+        self.stdout.write(
+            f"Paused queue {queue}: workers stop taking its jobs within 2 s."
+            if changed
+            else f"Queue {queue} was paused already."
+        )
+
+    def do_resume(self, queue: str, **_: Any) -> None:
+        try:
+            changed = resume(queue)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        audit(user=None, action="resume-cli", count=int(changed), queue=queue)
+        self.stdout.write(
+            f"Resumed queue {queue}." if changed else f"Queue {queue} was not paused."
+        )
 
     # --- relay --------------------------------------------------------------------------
     def do_relay(

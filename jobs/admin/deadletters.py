@@ -1,114 +1,27 @@
-"""Admin for the job ledger (read-only history) and dead letters (inspect, replay, discard).
-
-Replay and discard need their own permissions; a forged POST without them gets 403. Every
-action is recorded as an AuditEntry. Arguments are shown masked unless the viewer may see
-raw arguments.
-"""
+"""Admin for dead letters (inspect, replay, discard; each with its own permission, each
+audited) and the audit log."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import path, reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from . import deadletters
-from .dashboard import dashboard_json, dashboard_view
-from .exceptions import BacklotError
-from .forms import EditedReplayForm
-from .masking import mask_value
-from .models import AuditEntry, DeadLetter, Job
-from .tasks import replay_matching
-
-# Beyond this many rows the changelist shows an estimate instead of COUNT(*): counting a
-# million rows on every page load costs ~100 ms on PostgreSQL; an EXPLAIN estimate ~1 ms.
-EXACT_COUNT_LIMIT = 10_000
-
-
-class EstimatedCountPaginator(Paginator):
-    @cached_property
-    def count(self) -> int:
-        object_list = cast("QuerySet[Any]", self.object_list)  # the admin changelist's queryset
-        limited = object_list[: EXACT_COUNT_LIMIT + 1].count()
-        if limited <= EXACT_COUNT_LIMIT or connection.vendor != "postgresql":
-            return limited
-        sql, params = object_list.query.sql_with_params()
-        with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-            plan = cursor.fetchone()[0]
-        plan = json.loads(plan) if isinstance(plan, str) else plan
-        return max(limited, int(plan[0]["Plan"]["Plan Rows"]))
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # history leaves by retention (manage.py jobs purge), dead letters by discard
-
-
-def _pretty(value: Any) -> str:
-    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, sort_keys=True))
-
-
-def _job_link(job: Job | None) -> str:
-    if job is None:
-        return "—"
-    url = reverse("admin:jobs_job_change", args=[job.pk])
-    return format_html('<a href="{}">{}</a> ({})', url, job.pk, job.state)
-
-
-@admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
-    list_display = (
-        "id",
-        "task_name",
-        "state",
-        "queue",
-        "priority",
-        "attempts",
-        "enqueued_at",
-        "finished_at",
-    )
-    list_filter = ("state", "queue", "task_name")
-    search_fields = ("=id", "idempotency_key")
-    date_hierarchy = "enqueued_at"
-    show_full_result_count = False
-    paginator = EstimatedCountPaginator
-    exclude = ("args", "kwargs")
-    readonly_fields = [f.name for f in Job._meta.fields if f.name not in ("args", "kwargs")] + [
-        "arguments"
-    ]
-
-    @admin.display(description="arguments")
-    def arguments(self, obj: Job) -> str:
-        return _pretty(mask_value({"args": obj.args, "kwargs": obj.kwargs}))
-
-    def get_urls(self) -> list[Any]:
-        return [
-            path("dashboard/", self.admin_site.admin_view(dashboard_view), name="jobs_dashboard"),
-            path(
-                "dashboard.json",
-                self.admin_site.admin_view(dashboard_json),
-                name="jobs_dashboard_json",
-            ),
-            *super().get_urls(),
-        ]
-
+from .. import deadletters
+from ..exceptions import BacklotError
+from ..forms import EditedReplayForm
+from ..masking import mask_value
+from ..models import AuditEntry, DeadLetter
+from ..tasks import replay_matching
+from .base import EstimatedCountPaginator, ReadOnlyAdmin, job_link, pretty_json
 
 PERMISSIONED_ACTIONS = {"replay_selected": "replay", "discard_selected": "discard"}
 
@@ -193,7 +106,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         value = {"args": obj.args, "kwargs": obj.kwargs}
         if not self._raw_allowed:
             value = mask_value(value)
-        return _pretty(value)
+        return pretty_json(value)
 
     @admin.display(description="attempts")
     def attempt_history(self, obj: DeadLetter) -> str:
@@ -212,11 +125,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
     @admin.display(description="ledger entry")
     def ledger_entry(self, obj: DeadLetter) -> str:
-        return _job_link(obj.job)
+        return job_link(obj.job)
 
     @admin.display(description="replayed as")
     def replayed_as(self, obj: DeadLetter) -> str:
-        return _job_link(obj.replayed_job)
+        return job_link(obj.replayed_job)
 
     def change_view(
         self,

@@ -1,0 +1,18 @@
+"""Admin for the job ledger (read-only history) and dead letters (inspect, replay, discard).
+
+Replay and discard need their own permissions; a forged POST without them gets 403. Every
+action is recorded as an AuditEntry. Arguments are shown masked unless the viewer may see
+raw arguments.
+"""
+
+from .base import EstimatedCountPaginator, ReadOnlyAdmin
+from .deadletters import AuditEntryAdmin, DeadLetterAdmin
+from .jobs import JobAdmin
+
+__all__ = [
+    "AuditEntryAdmin",
+    "DeadLetterAdmin",
+    "EstimatedCountPaginator",
+    "JobAdmin",
+    "ReadOnlyAdmin",
+]

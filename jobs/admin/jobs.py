@@ -1,0 +1,82 @@
+"""Admin for the job ledger: read-only history, the dashboard, and cancel (permission
+cancel_job, audited)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from django.utils.translation import ngettext
+
+from ..cancellation import cancel_many
+from ..dashboard import dashboard_json, dashboard_view
+from ..deadletters import audit
+from ..masking import mask_value
+from ..models import Job
+from .base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "task_name",
+        "state",
+        "queue",
+        "priority",
+        "attempts",
+        "enqueued_at",
+        "finished_at",
+    )
+    list_filter = ("state", "queue", "task_name")
+    actions = ("cancel_selected",)
+    search_fields = ("=id", "idempotency_key")
+    date_hierarchy = "enqueued_at"
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    exclude = ("args", "kwargs")
+    readonly_fields = [f.name for f in Job._meta.fields if f.name not in ("args", "kwargs")] + [
+        "arguments"
+    ]
+
+    @admin.display(description="arguments")
+    def arguments(self, obj: Job) -> str:
+        return pretty_json(mask_value({"args": obj.args, "kwargs": obj.kwargs}))
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobs.cancel_job")
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict | None = None
+    ) -> HttpResponse:
+        action = request.POST.get("action") if request.method == "POST" else None
+        if action == "cancel_selected" and not self.has_cancel_permission(request):
+            raise PermissionDenied("You may not cancel jobs.")
+        return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Cancel selected jobs", permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        ids = list(queryset.values_list("id", flat=True)[:1000])
+        done, ended = cancel_many(ids, by=request.user)
+        audit(user=request.user, action="cancel", count=done, ids=[str(i) for i in ids])
+        self.message_user(
+            request,
+            ngettext("%d job cancelled", "%d jobs cancelled", done) % done
+            + (f"; {ended} had already finished." if ended else "."),
+            messages.SUCCESS if done else messages.WARNING,
+        )
+
+    def get_urls(self) -> list[Any]:
+        return [
+            path("dashboard/", self.admin_site.admin_view(dashboard_view), name="jobs_dashboard"),
+            path(
+                "dashboard.json",
+                self.admin_site.admin_view(dashboard_json),
+                name="jobs_dashboard_json",
+            ),
+            *super().get_urls(),
+        ]

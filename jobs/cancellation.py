@@ -1,0 +1,188 @@
+"""Cancel: a waiting job never runs, a running one stops, and so do the jobs it fanned out.
+
+A waiting job (queued, scheduled, retrying) is cancelled in the ledger at once; its message,
+whenever it arrives, is dropped at claim, so the cancellation survives worker and Redis
+restarts. A running job gets a request: `self.cancelled()` turns true and its next
+`self.progress()` raises JobCancelled; a job declared `@job(cancel="terminate")` has its pool
+process killed (a Celery revoke with terminate), and the worker records it cancelled. Either
+way: no retry, no dead letter. A revoke sent from Flower or `celery control revoke` becomes
+the same ledger cancellation (the worker's revoke command is wrapped below).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from celery import current_app
+from celery.utils.functional import maybe_list
+from celery.worker import state as worker_state
+from celery.worker.control import Panel
+from django.db import transaction
+
+from . import events, ledger
+from .exceptions import AlreadyFinished, UnknownTask
+from .models import Job
+from .registry import task_by_name
+from .states import ACTIVE_STATES, FINISHED_STATES, JobState
+
+logger = logging.getLogger(__name__)
+
+# The signal a terminating cancel kills the pool process with: SIGKILL cannot be caught, so
+# the process and (with PR_SET_PDEATHSIG, see media_pipeline.ffmpeg) its children stop at once.
+TERMINATE_SIGNAL = "SIGKILL"
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """What cancel() did: `cancelled` jobs will never run; `requested` ones are running and were
+    asked to stop (terminated when declared so)."""
+
+    job_id: str
+    state: str  # the job's state after the call
+    cancelled: list[str] = field(default_factory=list)
+    requested: list[str] = field(default_factory=list)
+
+
+def cancel(job_id: Any, *, by: Any = None) -> Cancellation:
+    """Cancel a job and every job it fanned out; raises Job.DoesNotExist for an unknown id and
+    AlreadyFinished (with the current state) when it has ended."""
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).first()
+        if job is None:
+            raise Job.DoesNotExist(f"No job {job_id}")
+        if job.state in FINISHED_STATES:
+            raise AlreadyFinished(str(job.id), job.state)
+        waiting, running = _with_descendants(job)
+        # Under the row lock of the root: two cancels of one tree do not both act on it.
+        ledger.cancel_waiting([j.id for j in waiting])
+        ledger.request_cancel([j.id for j in running])
+        transaction.on_commit(lambda: _after_commit(waiting, running, by))
+    job.refresh_from_db(fields=["state"])
+    return Cancellation(
+        job_id=str(job.id),
+        state=job.state,
+        cancelled=[str(j.id) for j in waiting],
+        requested=[str(j.id) for j in running],
+    )
+
+
+def _with_descendants(root: Job) -> tuple[list[Job], list[Job]]:
+    """The active jobs of the tree under `root` (root included): (waiting, running)."""
+    waiting: list[Job] = []
+    running: list[Job] = []
+    seen = {root.id}
+    frontier: deque[Job] = deque([root])
+    while frontier:
+        job = frontier.popleft()
+        (running if job.state == JobState.RUNNING else waiting).append(job)
+        for child in Job.objects.filter(parent_id=job.id, state__in=ACTIVE_STATES).only(
+            "id", "state", "task_name", "queue", "args", "kwargs", "attempts"
+        ):
+            if child.id not in seen:
+                seen.add(child.id)
+                frontier.append(child)
+    return waiting, running
+
+
+def _after_commit(cancelled: list[Job], requested: list[Job], by: Any) -> None:
+    for job in cancelled:
+        events.send(
+            events.job_cancelled,
+            task=job.task_name,
+            job_id=str(job.id),
+            queue=job.queue,
+            attempt=job.attempts,
+            while_running=False,
+            by=by,
+        )
+        _call_on_cancelled(job.task_name, job.args, job.kwargs)
+    terminate = [str(job.id) for job in requested if _terminates(job.task_name)]
+    if terminate:
+        current_app.control.revoke(terminate, terminate=True, signal=TERMINATE_SIGNAL)
+
+
+def _terminates(task_name: str) -> bool:
+    try:
+        return task_by_name(task_name).cancel_mode == "terminate"
+    except UnknownTask:
+        return False
+
+
+def _call_on_cancelled(task_name: str, args: Any, kwargs: Any) -> None:
+    """Run the job's on_cancelled hook; its failure is logged, never raised."""
+    try:
+        hook = task_by_name(task_name).on_cancelled
+    except UnknownTask:
+        return
+    if hook is None:
+        return
+    try:
+        hook(tuple(args), dict(kwargs))
+    except Exception:
+        logger.exception("on_cancelled hook of %s failed", task_name)
+
+
+def cancel_many(job_ids: Iterable[Any], *, by: Any = None) -> tuple[int, int]:
+    """Cancel each job that has not ended; returns (cancelled or asked to stop, already ended)."""
+    done = ended = 0
+    for job_id in job_ids:
+        try:
+            cancel(job_id, by=by)
+            done += 1
+        except (AlreadyFinished, Job.DoesNotExist):
+            ended += 1
+    return done, ended
+
+
+# --- a revoke from Flower or `celery control revoke` ----------------------------------------
+_celery_revoke = Panel.data["revoke"]
+
+
+def _revoke(
+    state: Any, task_id: Any, terminate: bool = False, signal: Any = None, **kw: Any
+) -> Any:
+    """Celery's revoke command, recorded in the ledger first: a revoke kept only in worker
+    memory is forgotten when workers restart (celery#8888)."""
+    ids = [str(i) for i in (maybe_list(task_id) or [])]
+    try:
+        ledger.cancel_waiting(ids)
+        ledger.request_cancel(ids)
+    except Exception:
+        logger.exception("Could not record the revoke of %s jobs in the ledger", len(ids))
+    if terminate:
+        # Celery kills the pool process; the processes it started (ffmpeg) would outlive it as
+        # orphans, so they go first.
+        for request in worker_state.active_requests:
+            if request.id in ids and request.worker_pid:
+                _kill_descendants(int(request.worker_pid))
+    return _celery_revoke(state, task_id, terminate=terminate, signal=signal, **kw)
+
+
+def _kill_descendants(pid: int) -> None:
+    """SIGKILL every process descended from `pid` (Linux /proc; elsewhere nothing)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    doomed, frontier = [], list(children.get(pid, []))
+    while frontier:
+        child = frontier.pop()
+        doomed.append(child)
+        frontier.extend(children.get(child, []))
+    for child in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(child, signal.SIGKILL)
+
+
+Panel.data["revoke"] = _revoke

@@ -1,0 +1,50 @@
+"""Writes that cancel jobs: a waiting job at once, a running one by request (its run then stops
+at its next progress call, or is terminated) and finally when its run has stopped."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from ..models import Job
+from ..states import sources, target
+
+
+def cancel_waiting(job_ids: Iterable[Any]) -> int:
+    """From waiting (queued, scheduled, retrying) to cancelled: it never runs; a message of it
+    that arrives later is dropped at claim."""
+    now = timezone.now()
+    return Job.objects.filter(id__in=list(job_ids), state__in=sources("cancel")).update(
+        state=target("cancel"),
+        cancel_requested_at=now,
+        finished_at=now,
+        lease_expires_at=None,
+        scheduled_for=None,
+    )
+
+
+def request_cancel(job_ids: Iterable[Any]) -> int:
+    """Running stays running, with a cancellation request its run sees (self.cancelled())."""
+    return Job.objects.filter(
+        id__in=list(job_ids), state__in=sources("request_cancel"), cancel_requested_at__isnull=True
+    ).update(cancel_requested_at=timezone.now())
+
+
+def run_cancelled(*, job_id: str, run_seconds: float | None = None) -> bool:
+    """From running to cancelled: the run stopped on its cancellation request (or was
+    terminated by a revoke). No retry, no dead letter."""
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "state": target("run_cancelled"),
+        "finished_at": now,
+        "lease_expires_at": None,
+        "error": "cancelled",
+        "cancel_requested_at": Coalesce(F("cancel_requested_at"), Value(now)),
+    }
+    if run_seconds is not None:
+        fields["run_seconds"] = run_seconds
+    return bool(Job.objects.filter(id=job_id, state__in=sources("run_cancelled")).update(**fields))

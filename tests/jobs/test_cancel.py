@@ -1,0 +1,151 @@
+"""Cancel on a real worker: a waiting job never runs, a running one stops (cooperatively at its
+next progress call, or terminated with its child processes), the jobs it fanned out are
+cancelled with it, and a revoke from `celery control` lands in the ledger."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.management import call_command
+
+from config.celery import app as celery_app
+from jobs import AlreadyFinished, cancel
+from jobs.models import AuditEntry, DeadLetter, Job, JobState
+from jobs.redis import redis_client
+from jobs.relay import job_relay
+from tests.conftest import marks, wait_until
+from tests.support import tasks
+
+
+def state_of(job_id: str) -> str:
+    return Job.objects.values_list("state", flat=True).get(id=job_id)
+
+
+def test_cancelled_queued_and_scheduled_jobs_never_run(
+    start_worker, clean_redis, transactional_db, unique
+):
+    # given a queued and a scheduled job on a queue no worker consumes yet
+    queued = tasks.prioritized.enqueue(unique, "queued")
+    scheduled = tasks.prioritized.using(delay=1).enqueue(unique, "scheduled")
+    wait_until(lambda: Job.objects.filter(id=queued.id, published_at__isnull=False).exists())
+
+    # when both are cancelled, the relay sweeps, and workers come and go
+    assert cancel(queued.id).cancelled == [queued.id]
+    assert cancel(scheduled.id).cancelled == [scheduled.id]
+    job_relay()
+    first = start_worker("cancel-a", queues="reports", concurrency=1)
+    first.stop()
+    second = start_worker("cancel-b", queues="reports", concurrency=1)
+
+    # then their messages arrive and are dropped at claim: neither ever ran
+    try:
+        for handle in (queued, scheduled):
+            wait_until(
+                lambda h=handle: Job.objects.get(id=h.id).deliveries >= 1,
+                timeout=30,
+                what="the cancelled job's message to be delivered and dropped",
+            )
+    finally:
+        second.stop()  # `reports` is left to each test's own workers
+        job = Job.objects.get(id=handle.id)
+        assert job.state == JobState.CANCELLED and job.attempts == 0
+    assert marks(unique) == []
+    assert not DeadLetter.objects.filter(job_id_value__in=[queued.id, scheduled.id]).exists()
+
+
+def test_a_running_job_stops_at_its_next_progress_call(worker, client, django_user_model, unique):
+    owner = django_user_model.objects.create_user("owner", password="pw")
+    stranger = django_user_model.objects.create_user("stranger", password="pw")
+    handle = tasks.cooperative.using(owner=owner).enqueue(unique)
+    wait_until(lambda: [v for _, v in marks(unique)] == ["started"], what="the job to start")
+
+    client.force_login(stranger)
+    assert client.post(f"/api/jobs/{handle.id}/cancel").status_code == 404
+    client.force_login(owner)
+    response = client.post(f"/api/jobs/{handle.id}/cancel")
+
+    assert response.status_code == 202, response.content
+    assert response.json()["requested"] == [handle.id]
+    wait_until(lambda: state_of(handle.id) == JobState.CANCELLED, what="the run to stop")
+    job = Job.objects.get(id=handle.id)
+    assert [v for _, v in marks(unique)] == ["started", "stopped"]
+    assert job.attempts == 1 and job.cancel_requested_at is not None
+    assert not DeadLetter.objects.filter(job_id_value=handle.id).exists()
+    again = client.post(f"/api/jobs/{handle.id}/cancel")
+    assert again.status_code == 409 and again.json()["state"] == "cancelled"
+    assert AuditEntry.objects.filter(action="cancel-api", user=owner).count() == 1
+
+
+def test_cancelling_a_job_cancels_the_jobs_it_fanned_out(worker, django_user_model, unique):
+    owner = django_user_model.objects.create_user("fanner", password="pw")
+    parent = tasks.cooperative.using(owner=owner).enqueue(unique, children=3)
+    wait_until(lambda: Job.objects.filter(parent_id=parent.id).count() == 3, what="children")
+    children = list(Job.objects.filter(parent_id=parent.id))
+    # the children belong to the user the parent runs for
+    assert {child.owner_id for child in children} == {owner.pk}
+
+    outcome = cancel(parent.id)
+
+    assert sorted(outcome.cancelled) == sorted(str(c.id) for c in children)
+    assert outcome.requested == [parent.id]
+    wait_until(lambda: state_of(parent.id) == JobState.CANCELLED, what="the parent to stop")
+    assert set(Job.objects.filter(parent_id=parent.id).values_list("state", flat=True)) == {
+        JobState.CANCELLED
+    }
+    with pytest.raises(AlreadyFinished, match="cancelled"):
+        cancel(parent.id)
+
+
+def test_terminate_stops_the_job_and_its_child_processes(worker, unique):
+    handle = tasks.terminated.enqueue(unique)
+    child_pid = int(
+        wait_until(lambda: redis_client().get(f"test:{unique}:child"), what="the child process")
+    )
+
+    cancel(handle.id)
+
+    wait_until(lambda: state_of(handle.id) == JobState.CANCELLED, timeout=10, what="cancelled")
+    wait_until(lambda: not _alive(child_pid), timeout=5, what="the child process to be gone")
+    assert not DeadLetter.objects.filter(job_id_value=handle.id).exists()
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z" and os.path.exists(f"/proc/{pid}")
+
+
+def test_a_revoke_from_celery_control_is_a_ledger_cancellation(worker, unique):
+    handle = tasks.prioritized.enqueue(unique, "revoked")  # `reports`: nobody runs it
+
+    celery_app.control.revoke(handle.id)
+
+    wait_until(lambda: state_of(handle.id) == JobState.CANCELLED, what="the revoke to land")
+
+
+def test_cancel_command_and_admin_action(transactional_db, clean_redis, client, django_user_model):
+    jobs = [tasks.prioritized.enqueue("cmd", str(i)) for i in range(3)]
+
+    call_command("jobs", "cancel", "--queue", "reports", "--dry-run")
+    assert {state_of(h.id) for h in jobs} == {JobState.QUEUED}
+    call_command("jobs", "cancel", jobs[0].id)
+    assert state_of(jobs[0].id) == JobState.CANCELLED
+
+    staff = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    client.force_login(staff)
+    post = {"action": "cancel_selected", "_selected_action": [jobs[1].id]}
+    assert client.post("/admin/jobs/job/", post).status_code == 403
+    staff.user_permissions.add(
+        Permission.objects.get(codename="cancel_job"),
+        Permission.objects.get(codename="view_job"),
+    )
+    response = client.post("/admin/jobs/job/", post, follow=True)
+    assert response.status_code == 200 and "1 job cancelled" in response.content.decode()
+    assert state_of(jobs[1].id) == JobState.CANCELLED and state_of(jobs[2].id) == JobState.QUEUED
+    assert AuditEntry.objects.filter(action="cancel", user=staff, count=1).exists()
