@@ -8,8 +8,8 @@ class JobsConfig(AppConfig):
 
     def ready(self) -> None:
         # Imported here, not at module level: they need the app registry (models).
-        # cancellation: wraps the workers' revoke command so a revoke lands in the ledger.
-        from . import cancellation, checks, signals, telemetry  # noqa: F401
-        from . import pausing  # noqa: F401  (the workers' pause hooks and sync command)
+        # cancellation: wraps the workers' revoke command so a revoke lands in the ledger;
+        # pausing: the workers' pause hooks and their sync command.
+        from . import cancellation, checks, pausing, signals, telemetry  # noqa: F401
 
         telemetry.connect()
