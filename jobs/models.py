@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from .ownership import OwnedQuerySet
 from .states import (  # noqa: F401  (re-exported: the models' vocabulary)
     ACTIVE_STATES,
     CLAIMABLE_STATES,
@@ -22,7 +23,9 @@ from .states import (  # noqa: F401  (re-exported: the models' vocabulary)
 )
 
 
-class JobQuerySet(models.QuerySet["Job"]):
+class JobQuerySet(OwnedQuerySet["Job"]):
+    """Jobs; visible_to(user) (OwnedQuerySet) is what the status API and pages may show."""
+
     def active(self) -> JobQuerySet:
         return self.filter(state__in=ACTIVE_STATES)
 
@@ -31,14 +34,6 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def for_task(self, name: str) -> JobQuerySet:
         return self.filter(task_name=name)
-
-    def visible_to(self, user: Any) -> JobQuerySet:
-        """The jobs a user may read: their own, or every job for staff."""
-        if getattr(user, "is_staff", False):
-            return self
-        if not getattr(user, "is_authenticated", False):
-            return self.none()
-        return self.filter(owner=user)
 
     def due(self, now: datetime | None = None) -> JobQuerySet:
         """Scheduled or retrying jobs held in the ledger whose time has come."""
