@@ -41,7 +41,7 @@ def _move(row: models.Model, sources: Collection[str], **changes: object) -> boo
     moved = type(row)._default_manager.filter(pk=row.pk, status__in=sources).update(**changes)
     if moved:
         for name, value in changes.items():
-            if not isinstance(value, F):
+            if not hasattr(value, "resolve_expression"):  # an F() expression: set by the caller
                 setattr(row, name, value)
     return bool(moved)
 

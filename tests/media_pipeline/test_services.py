@@ -272,3 +272,13 @@ def test_a_processing_job_that_gives_up_fails_the_waiting_video(admin_user):
     started.refresh_from_db()
     assert waiting.status == VideoStatus.FAILED and waiting.error == "TimeoutError: ffmpeg hung"
     assert started.status == VideoStatus.TRANSCODING
+
+
+def test_a_started_video_is_not_failed_by_a_late_processing_give_up(admin_user):
+    video = video_factory(owner=admin_user, status=VideoStatus.TRANSCODING)
+
+    assert not video.mark_failed(error="late")
+    assert not video.mark_probing()
+    assert video.mark_transcode_failed(error="360p failed: x")
+    video.refresh_from_db()
+    assert video.status == VideoStatus.FAILED and video.error == "360p failed: x"

@@ -453,3 +453,14 @@ def test_stacked_bars_scale_to_a_round_ceiling():
     plot = chart.gridlines[0].y - chart.gridlines[-1].y
     assert sum(s.height for s in first.segments) == pytest.approx(plot * 0.4, abs=0.02)
     assert second.segments[0].height == pytest.approx(plot * 0.7, abs=0.02)
+
+
+def test_report_status_changes_move_only_from_the_statuses_they_name(admin_user):
+    report = Report.objects.create(kind=ReportKind.SALES, owner=admin_user, params={})
+
+    assert not report.mark_ready(file_name="x.pdf", pages=1, size_bytes=1, render_seconds=0.1)
+    assert report.mark_rendering(job_id=str(uuid.uuid4())) and report.status == "rendering"
+    assert report.mark_ready(file_name="x.pdf", pages=1, size_bytes=1, render_seconds=0.1)
+    assert not report.mark_failed(error="late give-up")  # a ready report stays ready
+    report.refresh_from_db()
+    assert report.status == ReportStatus.READY and report.file.name == "x.pdf"
