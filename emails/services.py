@@ -30,9 +30,8 @@ from .models import (
 )
 
 if TYPE_CHECKING:
-    # Job, the type @job returns (PlatformTask[P, R]), is asked for in jobs' public API; until
-    # jobs exports it, its module __getattr__ makes these annotations Any.
-    from jobs import Job, JobHandle
+    # PlatformTask[P, R] is what @job returns: a job passed in is checked against its arguments.
+    from jobs import JobHandle, PlatformTask
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +109,7 @@ def email_queue(
     subject: str | None = None,
     attachments: Sequence[str] = (),
     owner: Any = None,
-    send_job: Job[[int], str],
+    send_job: PlatformTask[[int], str],
 ) -> tuple[EmailMessage, JobHandle]:
     """Accept one email: the message row and its `send_job` (emails.tasks.email_send_job),
     committed together."""
@@ -293,7 +292,7 @@ def campaign_create(
 
 
 def campaign_start(
-    *, campaign: Campaign, owner: Any = None, fan_out_job: Job[[int], int]
+    *, campaign: Campaign, owner: Any = None, fan_out_job: PlatformTask[[int], int]
 ) -> JobHandle:
     """Start a draft campaign: its `fan_out_job` (emails.tasks.campaign_fan_out_job) is queued
     and the campaign is sending, together; EmailError when it was started before."""
@@ -311,7 +310,7 @@ def campaign_start(
 def campaign_fan_out_run(
     *,
     campaign_id: int,
-    send_job: Job[[int], str],
+    send_job: PlatformTask[[int], str],
     progress: Callable[[int, int, str], None] | None = None,
 ) -> int:
     """One message and one `send_job` (emails.tasks.email_send_job) per recipient, in chunks;
@@ -367,7 +366,7 @@ def recipients_import_create(
     campaign: Campaign,
     upload: IO[bytes],
     owner: Any = None,
-    import_job: Job[[int], dict[str, int]],
+    import_job: PlatformTask[[int], dict[str, int]],
 ) -> tuple[RecipientImport, JobHandle]:
     """Store the uploaded CSV under a generated name and queue its `import_job`
     (emails.tasks.recipients_import_job)."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 # name -> the module that defines it
 _EXPORTS = {
     "job": "jobs.decorators",
+    "PlatformTask": "jobs.task",
     "cancel": "jobs.cancellation",
     "Cancellation": "jobs.cancellation",
     "acting_as": "jobs.context",
@@ -64,6 +65,7 @@ __all__ = [
     "OwnedQuerySet",
     "PayloadTooLarge",
     "Permanent",
+    "PlatformTask",
     "ReadOnlyAdmin",
     "ReplayError",
     "RetryPolicy",
@@ -131,3 +133,4 @@ if TYPE_CHECKING:
     from .ownership import OwnedQuerySet
     from .payload import json_problem
     from .policies import DEFAULT_POLICY, DEFAULT_RETRY_ON, Permanent, Retryable, RetryPolicy
+    from .task import PlatformTask

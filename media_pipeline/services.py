@@ -28,10 +28,8 @@ from .ladder import LADDER, frame_size
 from .models import Rendition, RenditionFormat, RenditionStatus, Video, VideoStatus
 
 if TYPE_CHECKING:
-    # Job, the type @job returns (PlatformTask[P, R]), is asked for in jobs' public API; until
-    # jobs exports it, its module __getattr__ makes these annotations Any.
-    from jobs import Job as JobFunction
-    from jobs import JobHandle
+    # PlatformTask[P, R] is what @job returns: a job passed in is checked against its arguments.
+    from jobs import JobHandle, PlatformTask
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +74,7 @@ def video_create(
     owner: Any,
     upload: UploadedFile,
     formats: Iterable[str] | None,
-    process_job: JobFunction[[str], dict[str, Any]],
+    process_job: PlatformTask[[str], dict[str, Any]],
 ) -> tuple[Video, JobHandle]:
     """Store an upload under a generated name, record it and enqueue its `process_job`
     (media_pipeline.tasks.video_process_job).

@@ -28,9 +28,8 @@ from .rendering import pdf_file_name, pdf_write
 from .schemas import ReportRequest, params_parse
 
 if TYPE_CHECKING:
-    # Job, the type @job returns (PlatformTask[P, R]), is asked for in jobs' public API; until
-    # jobs exports it, its module __getattr__ makes these annotations Any.
-    from jobs import Job as JobFunction
+    # PlatformTask[P, R] is what @job returns: a job passed in is checked against its arguments.
+    from jobs import PlatformTask
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +46,8 @@ def report_request(
     request: ReportRequest,
     owner: Any,
     origin: str = ReportOrigin.API,
-    render_job: JobFunction[[int], dict[str, Any]],
-    email_job: JobFunction[[int], int],
+    render_job: PlatformTask[[int], dict[str, Any]],
+    email_job: PlatformTask[[int], int],
 ) -> tuple[Report, str]:
     """Accept a report: write its row and enqueue its render job in one transaction.
 
@@ -77,18 +76,18 @@ def report_enqueue(
     *,
     report: Report,
     priority: int = REQUESTED_PRIORITY,
-    render_job: JobFunction[[int], dict[str, Any]],
-    email_job: JobFunction[[int], int],
+    render_job: PlatformTask[[int], dict[str, Any]],
+    email_job: PlatformTask[[int], int],
 ) -> str:
     """Enqueue `render_job`; with recipients, as a chain: render, then `email_job` the PDF.
 
     Call inside the transaction that wrote the report: the messages go out after commit.
     """
     if report.email_to:
-        render = render_job.si(report.pk).set(task_id=str(uuid.uuid4()), priority=priority)
+        job_id = str(uuid.uuid4())
+        render = render_job.si(report.pk).set(task_id=job_id, priority=priority)
         # The email step runs only once the render succeeded (a failed render breaks the chain).
         (render | email_job.si(report.pk).set(priority=priority)).apply_async()
-        job_id = render.id
     else:
         job_id = render_job.using(owner=report.owner, priority=priority).enqueue(report.pk).id
     report.mark_queued(job_id=job_id)
@@ -181,7 +180,7 @@ def _recipient_key(report: Report, address: str) -> str:
     return f"report-email:{report.uid.hex}:{digest}"
 
 
-def report_email(*, report_id: int, send_job: JobFunction[[int], str]) -> int:
+def report_email(*, report_id: int, send_job: PlatformTask[[int], str]) -> int:
     """Queue one email with the PDF attached per recipient, each sent by `send_job`
     (emails.tasks.email_send_job); returns how many were queued now.
 
@@ -230,8 +229,8 @@ def report_schedule_run(
     zone: str,
     trigger_job_id: str | None,
     recipients: Sequence[str] | None = None,
-    render_job: JobFunction[[int], dict[str, Any]],
-    email_job: JobFunction[[int], int],
+    render_job: PlatformTask[[int], dict[str, Any]],
+    email_job: PlatformTask[[int], int],
 ) -> Report:
     """A scheduled report: the last `days` whole days before today (in `zone`), then rendered
     by `render_job` and emailed to the configured recipients by `email_job` (report_enqueue).
