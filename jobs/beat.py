@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from typing import Any
 
@@ -21,6 +22,8 @@ from .redis import redis_client, redis_text
 logger = logging.getLogger(__name__)
 
 LOCK_KEY = "backlot:beat:leader"
+# When the leader last finished a tick (a Unix time): /metrics' beat heartbeat.
+LAST_TICK_KEY = "backlot:beat:last_tick"
 # Take the lock if free, or renew it if it is ours; 1 = we lead.
 _LEAD = """
 local holder = redis.call('GET', KEYS[1])
@@ -57,7 +60,12 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         check_again = self.lock_ttl / 3
         if not self.lead():
             return check_again
-        return min(super().tick(*args, **kwargs), check_again)
+        next_tick = min(super().tick(*args, **kwargs), check_again)
+        try:
+            redis_client().set(LAST_TICK_KEY, repr(time.time()))
+        except Exception as exc:  # noqa: BLE001 - a missed heartbeat must not stop the schedules
+            logger.warning("Beat could not record its tick: %s", exc)
+        return next_tick
 
     def close(self) -> None:
         if self.leading:

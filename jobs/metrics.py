@@ -6,13 +6,21 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import Count
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from . import telemetry
+from .beat import LAST_TICK_KEY
+from .conf import backlot_settings
 from .models import DeadLetter
-from .monitoring import queue_stats
+from .monitoring import queue_stats, workers_online
 from .pausing import paused_queues
+from .redis import redis_client
+from .relay import LEASE_LAPSES
+
+# When `manage.py jobs relay` last finished a sweep (a Unix time, expiring a minute after the
+# relay stops): jobs.management.commands.jobs.RELAY_HEARTBEAT, a layer this one may not import.
+RELAY_HEARTBEAT = "backlot:relay:heartbeat"
 
 
 class BacklotCollector(Collector):
@@ -47,3 +55,42 @@ class BacklotCollector(Collector):
             dead.add_metric([row["task_name"], row["status"]], row["n"])
         yield dead
         yield from telemetry.collect()
+        yield from _processes()
+
+
+def _processes() -> Iterator[Any]:
+    """The processes behind the queues: workers per queue, beat's and the relay's last beat,
+    leases that lapsed, and Redis memory against its limit (`deploy/prometheus/alerts.yml`)."""
+    workers = GaugeMetricFamily(
+        "backlot_workers", "Celery workers (nodes) consuming each queue.", labels=["queue"]
+    )
+    online = workers_online()  # cached 10 s: one broadcast ping per scrape at most
+    for queue in backlot_settings().QUEUES:
+        workers.add_metric([queue], sum(queue in names for names in online.values()))
+    yield workers
+    client = redis_client()
+    beat, relay = client.mget(LAST_TICK_KEY, RELAY_HEARTBEAT)
+    yield GaugeMetricFamily(
+        "backlot_beat_last_tick_timestamp_seconds",
+        "When the leading beat last finished a tick (Unix time; 0 = never).",
+        value=float(beat or 0),
+    )
+    yield GaugeMetricFamily(
+        "backlot_relay_last_sweep_timestamp_seconds",
+        "When the relay last finished a sweep (Unix time; 0 = not in the last minute).",
+        value=float(relay or 0),
+    )
+    yield CounterMetricFamily(
+        "backlot_lease_lapses",
+        "Running jobs re-queued because their worker stopped renewing the lease.",
+        value=int(client.get(LEASE_LAPSES) or 0),
+    )
+    memory = client.info("memory")
+    yield GaugeMetricFamily(
+        "backlot_redis_memory_used_bytes", "Memory Redis uses.", value=memory["used_memory"]
+    )
+    yield GaugeMetricFamily(
+        "backlot_redis_memory_max_bytes",
+        "Redis's maxmemory (0 = no limit).",
+        value=memory.get("maxmemory", 0),
+    )

@@ -11,12 +11,14 @@ import logging
 from datetime import timedelta
 
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from . import broker, ledger
 from .conf import backlot_settings
 from .enqueue import publish_job
 from .exceptions import UnknownTask
 from .models import Job
+from .redis import redis_client
 from .registry import task_by_name
 
 logger = logging.getLogger(__name__)
@@ -26,13 +28,20 @@ RELAY_GRACE = timedelta(seconds=10)
 # A job still waiting this long after it was published (or became due) while its queue is empty
 # in Redis has lost its message.
 RELAY_LOST_AFTER = timedelta(seconds=30)
+# How many running jobs were re-queued because their lease lapsed (a count; read by /metrics).
+LEASE_LAPSES = "backlot:metrics:lease_lapses"
 
 
 def job_relay(*, limit: int = 500) -> int:
     """One sweep; returns how many jobs it published."""
     now = timezone.now()
     conf = backlot_settings()
-    ledger.lapsed_leases_requeued(now=now)
+    lapsed = ledger.lapsed_leases_requeued(now=now)
+    if lapsed:
+        try:
+            redis_client().incrby(LEASE_LAPSES, lapsed)
+        except RedisError as exc:  # Redis is away: the sweep goes on, the count misses these
+            logger.warning("relay: could not count %d lapsed lease(s): %s", lapsed, exc)
     # Reconcile: a waiting job (queued, or a scheduled/retrying one whose time has come)
     # published longer ago than Redis would take to redeliver it was lost by the broker
     # (restart without AOF, FLUSHDB, a pop without ack, a worker killed holding it): send it

@@ -20,21 +20,30 @@ job_logger = logging.getLogger("backlot.jobs")
 FINISHED = "backlot:metrics:finished"  # field "task\tstate" -> count
 RATE_LIMITED = "backlot:metrics:rate_limited"  # field task -> count
 RUNTIME = "backlot:metrics:runtime:"  # + task: fields bucket bounds, "sum", "count"
+# The same by queue, for dashboards and alerts that look at a queue rather than a task.
+QUEUE_FINISHED = "backlot:metrics:queue_finished"  # field "queue\tstate" -> count
+QUEUE_RUNTIME = "backlot:metrics:queue_runtime:"  # + queue: like RUNTIME
 # Run-time buckets (seconds): from a no-op to a one-hour transcode.
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 
 
-def record_outcome(task: str, state: str, run_seconds: float | None) -> None:
-    """Count a finished attempt (succeeded, retrying, dead) and its run time; never raises."""
+def record_outcome(
+    task: str, state: str, run_seconds: float | None, queue: str | None = None
+) -> None:
+    """Count a finished attempt (succeeded, retrying, dead) and its run time, by task and by
+    queue; never raises."""
     try:
         pipe = redis_client().pipeline(transaction=False)
         pipe.hincrby(FINISHED, f"{task}\t{state}", 1)
+        if queue is not None:
+            pipe.hincrby(QUEUE_FINISHED, f"{queue}\t{state}", 1)
         if run_seconds is not None:
-            key = RUNTIME + task
-            bound = next((b for b in BUCKETS if run_seconds <= b), "+Inf")
-            pipe.hincrby(key, str(bound), 1)
-            pipe.hincrbyfloat(key, "sum", run_seconds)
-            pipe.hincrby(key, "count", 1)
+            bound = str(next((b for b in BUCKETS if run_seconds <= b), "+Inf"))
+            keys = [RUNTIME + task] + ([QUEUE_RUNTIME + queue] if queue is not None else [])
+            for key in keys:
+                pipe.hincrby(key, bound, 1)
+                pipe.hincrbyfloat(key, "sum", run_seconds)
+                pipe.hincrby(key, "count", 1)
         pipe.execute()
     except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
         logger.debug("Could not record metrics for %s: %s", task, exc)
@@ -58,24 +67,38 @@ def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
         task, _, state = redis_text(field).partition("\t")
         finished.add_metric([task, state], int(count))
     yield finished
+    by_queue = CounterMetricFamily(
+        "backlot_queue_jobs_finished",
+        "Job attempts finished, by queue and outcome.",
+        labels=["queue", "state"],
+    )
+    for field, count in client.hgetall(QUEUE_FINISHED).items():
+        queue, _, state = redis_text(field).partition("\t")
+        by_queue.add_metric([queue, state], int(count))
+    yield by_queue
     waits = CounterMetricFamily(
         "backlot_rate_limit_waits", "Times a job waited for a rate-limit token.", labels=["task"]
     )
     for field, count in client.hgetall(RATE_LIMITED).items():
         waits.add_metric([redis_text(field)], int(count))
     yield waits
-    runtime = HistogramMetricFamily(
-        "backlot_job_run_seconds", "Run time of job attempts.", labels=["task"]
-    )
-    for key in client.scan_iter(match=RUNTIME + "*", count=500):
-        task = key.decode()[len(RUNTIME) :]
+    yield _histogram(client, "backlot_job_run_seconds", "task", RUNTIME)
+    yield _histogram(client, "backlot_queue_job_run_seconds", "queue", QUEUE_RUNTIME)
+
+
+def _histogram(client: Any, name: str, label: str, prefix: str) -> HistogramMetricFamily:
+    """The run-time histogram kept under `prefix` + each `label` value."""
+    runtime = HistogramMetricFamily(name, f"Run time of job attempts, by {label}.", labels=[label])
+    for key in client.scan_iter(match=prefix + "*", count=500):
         values = {redis_text(k): v for k, v in client.hgetall(key).items()}
         cumulative, buckets = 0, []
         for bound in [*map(str, BUCKETS), "+Inf"]:
             cumulative += int(values.get(bound, 0))
             buckets.append((bound, cumulative))
-        runtime.add_metric([task], buckets=buckets, sum_value=float(values.get("sum", 0)))
-    yield runtime
+        runtime.add_metric(
+            [key.decode()[len(prefix) :]], buckets=buckets, sum_value=float(values.get("sum", 0))
+        )
+    return runtime
 
 
 def job_event(
@@ -111,7 +134,7 @@ def job_event(
         },
     )
     if event in ("succeeded", "retrying", "dead", "cancelled"):
-        record_outcome(task, event, duration)
+        record_outcome(task, event, duration, queue)
 
 
 def _receiver(event: str) -> Any:

@@ -53,6 +53,8 @@ command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
 ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0 || missing+=(libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core)
 # tests/system/test_browser.py launches exactly /usr/bin/chromium (Debian's; never `playwright install`).
 [[ -x /usr/bin/chromium ]] || missing+=(chromium fonts-dejavu-core)
+# tests/system/test_prometheus_rules.py runs promtool over deploy/prometheus (Debian ships it in `prometheus`).
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
 
 export DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot"
