@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 # name -> the module that defines it
 _EXPORTS = {
     "job": "jobs.decorators",
+    "pause": "jobs.pausing",
+    "resume": "jobs.pausing",
+    "paused_queues": "jobs.pausing",
     "PlatformTask": "jobs.task",
     "cancel": "jobs.cancellation",
     "Cancellation": "jobs.cancellation",
@@ -88,6 +91,9 @@ __all__ = [
     "mask_email",
     "mask_text",
     "mask_value",
+    "pause",
+    "paused_queues",
+    "resume",
 ]
 
 
@@ -131,6 +137,7 @@ if TYPE_CHECKING:
     )
     from .masking import mask_email, mask_text, mask_value
     from .ownership import OwnedQuerySet
+    from .pausing import pause, paused_queues, resume
     from .payload import json_problem
     from .policies import DEFAULT_POLICY, DEFAULT_RETRY_ON, Permanent, Retryable, RetryPolicy
     from .task import PlatformTask

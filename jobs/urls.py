@@ -7,4 +7,5 @@ urlpatterns = [
     path("metrics", views.metrics, name="metrics"),
     path("jobs/", views.job_list_page, name="job_list"),
     path("jobs/<uuid:job_id>/", views.job_page, name="job_page"),
+    path("jobs/<uuid:job_id>/cancel", views.job_cancel_page, name="job_cancel_page"),
 ]

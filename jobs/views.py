@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import hmac
 import uuid
+from typing import Any
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from .cancellation import cancel
 from .conf import backlot_settings
+from .deadletters import audit
 from .enqueue import JobHandle
+from .exceptions import AlreadyFinished
 from .metrics import BacklotCollector
 from .models import Job
 from .monitoring import health_report
+from .states import ACTIVE_STATES, JobState
 
 _registry = CollectorRegistry(auto_describe=False)
 _registry.register(BacklotCollector())
@@ -54,7 +61,37 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """A job's status page: state, attempts and a progress bar polling the status API."""
     job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
     status_url = JobHandle(id=str(job.id), task_name=job.task_name).status_url
-    return render(request, "jobs/job_detail.html", {"job": job, "status_url": status_url})
+    context = {
+        "job": job,
+        "status_url": status_url,
+        "can_cancel": job.state in ACTIVE_STATES and _may_cancel(request.user, job),
+    }
+    return render(request, "jobs/job_detail.html", context)
+
+
+def _may_cancel(user: Any, job: Job) -> bool:
+    """The job's owner, or an operator with the cancel_job permission."""
+    return bool(job.owner_id and job.owner_id == user.pk) or user.has_perm("jobs.cancel_job")
+
+
+@login_required
+@require_POST
+def job_cancel_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """The job page's Cancel button (audited); back to the job page with what happened."""
+    job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
+    if not _may_cancel(request.user, job):
+        raise PermissionDenied("Cancelling another user's job needs the permission jobs.cancel_job")
+    try:
+        outcome = cancel(job.id, by=request.user)
+    except AlreadyFinished as exc:
+        messages.warning(request, str(exc))
+    else:
+        audit(user=request.user, action="cancel-page", count=1, job_id=str(job.id))
+        messages.success(
+            request,
+            "Cancelled." if outcome.state == JobState.CANCELLED else "Asked the job to stop.",
+        )
+    return redirect("job_page", job_id=job.id)
 
 
 # The page shows as many jobs as one API page holds by default (GET /api/jobs/).

@@ -149,3 +149,25 @@ def test_cancel_command_and_admin_action(transactional_db, clean_redis, client, 
     assert response.status_code == 200 and "1 job cancelled" in response.content.decode()
     assert state_of(jobs[1].id) == JobState.CANCELLED and state_of(jobs[2].id) == JobState.QUEUED
     assert AuditEntry.objects.filter(action="cancel", user=staff, count=1).exists()
+
+
+def test_the_job_page_cancel_button(transactional_db, clean_redis, client, django_user_model):
+    owner = django_user_model.objects.create_user("page-owner", password="pw")
+    other = django_user_model.objects.create_user("page-other", password="pw")
+    handle = tasks.prioritized.using(owner=owner).enqueue("page", "x")  # nobody runs `reports`
+
+    client.force_login(other)
+    assert client.post(f"/jobs/{handle.id}/cancel").status_code == 404
+    client.force_login(owner)
+    page = client.get(f"/jobs/{handle.id}/").content.decode()
+    assert 'id="cancel"' in page
+
+    response = client.post(f"/jobs/{handle.id}/cancel", follow=True)
+
+    assert response.status_code == 200 and "Cancelled." in response.content.decode()
+    assert state_of(handle.id) == JobState.CANCELLED
+    assert 'id="cancel"' not in response.content.decode()  # a finished job has no button
+    assert (
+        "already finished" in client.post(f"/jobs/{handle.id}/cancel", follow=True).content.decode()
+    )
+    assert AuditEntry.objects.filter(action="cancel-page", user=owner).count() == 1
