@@ -40,6 +40,10 @@ logger = logging.getLogger(__name__)
 CANVAS_OPTIONS = frozenset(
     {"link", "link_error", "chain", "chord", "group_id", "group_index", "root_id", "parent_id"}
 )
+# Per-call time limits (apply_async(time_limit=..., soft_time_limit=...)), kept on the row too:
+# a relayed or retried job runs under the limits it was sent with, not the task's defaults.
+LIMIT_OPTIONS = frozenset({"time_limit", "soft_time_limit"})
+STORED_OPTIONS = CANVAS_OPTIONS | LIMIT_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,9 @@ def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
 
 
 def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Message options worth keeping in the ledger for the relay (canvas links), as JSON."""
-    kept = {k: v for k, v in (options or {}).items() if k in CANVAS_OPTIONS and v is not None}
+    """Message options worth keeping in the ledger for the relay (canvas links, per-call time
+    limits), as JSON."""
+    kept = {k: v for k, v in (options or {}).items() if k in STORED_OPTIONS and v is not None}
     try:
         return json.loads(json.dumps(kept))
     except (TypeError, ValueError):

@@ -32,10 +32,9 @@ from .ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
-# Message options a re-sent job does not inherit from the delivery it replaces.
-NOT_CARRIED = frozenset(
-    {"task_id", "headers", "retries", "expires", "time_limit", "soft_time_limit"}
-)
+# Message options a re-sent job does not inherit from the delivery it replaces. Its time limits
+# it does inherit: a per-call time_limit/soft_time_limit holds for every attempt.
+NOT_CARRIED = frozenset({"task_id", "headers", "retries", "expires"})
 
 
 class Runnable(Enqueueable, Protocol):

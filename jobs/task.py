@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from celery import Task
 
+from . import context, execution
 from . import enqueue as enqueuing
-from . import execution
 from .conf import backlot_settings
 from .enqueue import JobHandle
 from .exceptions import JobCancelled
+from .models import Job
 from .policies import DEFAULT_POLICY, Retryable, RetryPolicy
 from .progress import ProgressThrottle
 
@@ -37,7 +39,7 @@ ENQUEUE_OPTIONS = frozenset(
 # of 100,000 steps costs a handful of reads, and a cancel is seen within half a second.
 CANCEL_CHECK_INTERVAL = 0.5
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
-_APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue"})
+_APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue", "owner", "idempotency_key"})
 
 
 @dataclass(frozen=True)
@@ -129,26 +131,54 @@ class PlatformTask(Task[P, R]):
                 shadow=shadow,
                 **options,
             )
-        # Plain Celery .delay()/.apply_async(): the same ledger-backed path as enqueue().
+        # Plain Celery .delay()/.apply_async() (canvas members and callbacks too): the same
+        # ledger-backed path as enqueue(), Backlot's owner= and idempotency_key= included;
+        # per-call time_limit/soft_time_limit ride in the message and stay with the row.
         passthrough = {k: v for k, v in options.items() if k not in _APPLY_OPTIONS}
         if link is not None:
             passthrough["link"] = link
         if link_error is not None:
             passthrough["link_error"] = link_error
+        hard, soft = options.get("time_limit"), options.get("soft_time_limit")
+        if hard is not None and soft is None:
+            # As @job does: unset, the soft limit is CELERY_TASK_SOFT_TIME_LIMIT's, and the
+            # pool arms the hard one only once the soft one fired, however far later that is.
+            passthrough["soft_time_limit"] = soft = hard * 0.9
+        if hard is not None and soft > hard:
+            raise ValueError(f"soft_time_limit ({soft}) exceeds time_limit ({hard})")
         priority = options.get("priority")
-        handle = enqueuing.enqueue(
-            task=self,
-            args=args or (),
-            kwargs=kwargs or {},
-            queue=options.get("queue"),
-            # Backlot's scale: 0 (lowest) to 9 (highest); larger values (AMQP's 0-255) clamp.
-            priority=None if priority is None else max(0, min(9, int(priority))),
-            delay=options.get("countdown"),
-            eta=options.get("eta"),
-            task_id=task_id,
-            publish_options=passthrough,
-        )
+        with self._sent_from_worker():
+            handle = enqueuing.enqueue(
+                task=self,
+                args=args or (),
+                kwargs=kwargs or {},
+                queue=options.get("queue"),
+                # Backlot's scale: 0 (lowest) to 9 (highest); larger values (AMQP's 0-255) clamp.
+                priority=None if priority is None else max(0, min(9, int(priority))),
+                delay=options.get("countdown"),
+                eta=options.get("eta"),
+                owner=options.get("owner"),
+                idempotency_key=options.get("idempotency_key"),
+                task_id=task_id,
+                publish_options=passthrough,
+            )
         return self.AsyncResult(handle.id)
+
+    def _sent_from_worker(self) -> AbstractContextManager[None]:
+        """A chord's callback (sent by the result backend once the last member finished) and
+        a link callback are sent after that member's run returned, outside jobs.context's
+        running job: they are still its children, and belong to its owner."""
+        current = self.app.current_worker_task
+        job_id = getattr(getattr(current, "request", None), "id", None)
+        if (
+            context.running_job() is not None
+            or not isinstance(current, PlatformTask)
+            or not current.track
+            or not job_id
+        ):
+            return nullcontext()
+        owner_id = Job.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
+        return context.running(str(job_id), owner_id)
 
     def retry(
         self,

@@ -190,20 +190,34 @@ def total(values: list[int]) -> int:
 
 
 @job(name="tests.fan_out")
-def fan_out(kind: str, in_transaction: bool = True) -> dict[str, Any]:
-    """Sends a group or a chord of add jobs (from inside a transaction unless told otherwise)
-    and one plain child job; returns their ids, for tests of what a running job enqueues."""
+def fan_out(kind: str) -> dict[str, Any]:
+    """Sends a "group" or a "chord" of add jobs and one plain child job from inside a
+    transaction, as a job that records its plan first would; returns their ids."""
+    from typing import cast
+
     from celery import chord, group
+    from celery.result import GroupResult
     from django.db import transaction
 
-    import uuid
-    members = [add.si(1, 2).set(task_id=str(uuid.uuid4())), add.si(3, 4).set(task_id=str(uuid.uuid4()))]
-    with transaction.atomic() if in_transaction else contextlib.nullcontext():
+    members = [add.si(1, 2), add.si(3, 4)]
+    ids: dict[str, Any] = {}
+    with transaction.atomic():
         if kind == "chord":
-            body = chord(members, total.s()).on_error(record.si("x", "err")).apply_async()
-            ids = {"body": body.id, "members": [r.id for r in body.parent.results]}
+            body = chord(members, total.s()).apply_async()
+            header = cast(GroupResult, body.parent)
+            ids.update(body=body.id, members=[r.id for r in header.results or []])
         else:
-            sent = group(members).apply_async()
-            ids = {"group": sent.id, "members": [r.id for r in sent.results]}
+            # celery-types types a group's apply_async as returning an AsyncResult
+            sent = cast(GroupResult, group(members).apply_async())
+            ids.update(group=sent.id, members=[r.id for r in sent.results or []])
         ids["child"] = add.enqueue(5, 6).id
     return ids
+
+
+@job(name="tests.fails_then_hangs", retry=RetryPolicy(max_attempts=2, base_delay=0.2, jitter=False))
+def fails_then_hangs(key: str, seconds: float) -> str:
+    """Fails its first run; the second sleeps `seconds` (a per-call time limit should end it)."""
+    if mark(key) == 1:
+        raise ConnectionError("the first run fails")
+    time.sleep(seconds)
+    return "slept"
