@@ -27,6 +27,7 @@ from typing import Any
 import billiard.common
 from celery import Celery
 from celery.schedules import crontab
+from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
 from .conf import backlot_settings
@@ -68,8 +69,6 @@ def _on_after_configure(sender: Celery, source: Any, **kwargs: Any) -> None:
 
 def platform_settings() -> dict[str, Any]:
     """Backlot's value for each Celery setting it relies on (new-style lowercase names)."""
-    from django.conf import settings as django_settings
-
     conf = backlot_settings()
     default_queue = "default" if "default" in conf.QUEUES else conf.QUEUES[0]
     return {
