@@ -17,7 +17,7 @@ from ninja.errors import HttpError
 from config.api_types import AuthenticatedRequest
 
 from . import services
-from .exceptions import ReportInputError, ReportNotReady
+from .exceptions import ReportInputError, ReportNotReady, ReportPermissionDenied
 from .models import Report, ReportOrigin
 from .schemas import ReportCreatedOut, ReportErrorOut, ReportIn, ReportOut, report_input_parse
 from .tasks import report_email_job, report_render_job
@@ -59,16 +59,20 @@ def _visible_report(request: AuthenticatedRequest, report_id: int) -> Report:
 
 @router.post(
     "/",
-    response={202: ReportCreatedOut, 400: ReportErrorOut},
+    response={202: ReportCreatedOut, 400: ReportErrorOut, 403: ReportErrorOut},
     url_name="report_create",
     openapi_extra=_REQUEST_BODY,
     summary="Request a PDF report",
 )
 def report_create(request: AuthenticatedRequest) -> Status[dict[str, Any]]:
-    """Accept a report request: 202 with the report and job ids, or 400 naming each bad field.
+    """Accept a report request: 202 with the report and job ids, 400 naming each bad field, or
+    403 naming the permission the request needs.
 
     Body: {"kind": "operations" | "sales", "params": {"start", "end", "timezone"?},
-    "email_to": [addresses]?}. Nothing is written or enqueued for a bad request.
+    "email_to": [addresses]?}. A kind needs its permission (reports.request_sales_report,
+    reports.request_operations_report) unless the caller is staff; an address other than the
+    caller's own needs reports.email_report_elsewhere. Nothing is written or enqueued for a
+    bad or refused request.
     """
     try:
         data = json.loads(request.body or b"null")
@@ -85,13 +89,16 @@ def report_create(request: AuthenticatedRequest) -> Status[dict[str, Any]]:
         parsed = report_input_parse(data)
     except ReportInputError as exc:
         return Status(400, {"detail": exc.errors})
-    report, job_id = services.report_request(
-        request=parsed,
-        owner=request.auth,
-        origin=ReportOrigin.API,
-        render_job=report_render_job,
-        email_job=report_email_job,
-    )
+    try:
+        report, job_id = services.report_request(
+            request=parsed,
+            owner=request.auth,
+            origin=ReportOrigin.API,
+            render_job=report_render_job,
+            email_job=report_email_job,
+        )
+    except ReportPermissionDenied as exc:
+        return Status(403, {"detail": str(exc)})
     return Status(
         202,
         {

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
+
 from jobs import BacklotError
 
 
@@ -24,3 +26,15 @@ class ReportInputError(ReportError, ValueError):
 
 class ReportNotReady(ReportError):
     """The report has no PDF yet (or rendering failed)."""
+
+
+class ReportPermissionDenied(ReportError, PermissionDenied):
+    """The requester lacks the permission a request needs; `permission` names it
+    ("app_label.codename") and the message says what it is needed for.
+
+    A Django PermissionDenied, so a view that lets it through answers 403.
+    """
+
+    def __init__(self, message: str, *, permission: str) -> None:
+        super().__init__(message)
+        self.permission = permission

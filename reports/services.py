@@ -21,6 +21,7 @@ from jobs import Permanent, effect_once
 from jobs.models import Job
 
 from . import conf
+from .access import report_request_authorize
 from .exceptions import ReportInputError, ReportNotReady
 from .kinds import kind_spec
 from .models import Report, ReportOrigin, ReportStatus
@@ -49,11 +50,15 @@ def report_request(
     render_job: PlatformTask[[int], dict[str, Any]],
     email_job: PlatformTask[[int], int],
 ) -> tuple[Report, str]:
-    """Accept a report: write its row and enqueue its render job in one transaction.
+    """Accept a report `owner` asks for: write its row and enqueue its render job in one
+    transaction.
 
     Returns the report and the render job's id. The message is sent after commit. The jobs
-    are reports.tasks.report_render_job and report_email_job (see report_enqueue).
+    are reports.tasks.report_render_job and report_email_job (see report_enqueue). A request
+    `owner` may not make (reports.access: the kind's permission, the email rule) raises
+    ReportPermissionDenied, and nothing is written or enqueued.
     """
+    report_request_authorize(request=request, user=owner)
     with transaction.atomic():
         report = Report.objects.create(
             kind=request.kind,

@@ -21,7 +21,7 @@ REPORTS_PER_PAGE = 20
 @require_http_methods(["GET", "POST"])
 def report_list(request: HttpRequest) -> HttpResponse:
     if request.method == "POST":
-        form = ReportRequestForm(request.POST)
+        form = ReportRequestForm(request.POST, user=request.user)
         if form.is_valid() and form.report_request is not None:
             report, _ = services.report_request(
                 request=form.report_request,
@@ -33,11 +33,13 @@ def report_list(request: HttpRequest) -> HttpResponse:
             messages.success(request, f"Report #{report.pk} is queued; this page follows it.")
             return redirect("reports:detail", report_id=report.pk)
     else:
-        form = ReportRequestForm(initial=ReportRequestForm.initial_values())
+        form = ReportRequestForm(initial=ReportRequestForm.initial_values(), user=request.user)
     page = Paginator(Report.objects.owned_by(request.user), REPORTS_PER_PAGE).get_page(
         request.GET.get("page")
     )
-    return render(request, "reports/list.html", {"form": form, "page": page})
+    # A request the user may not make: the form again, naming the permission, as a 403.
+    status = 403 if form.refusal is not None else 200
+    return render(request, "reports/list.html", {"form": form, "page": page}, status=status)
 
 
 @login_required

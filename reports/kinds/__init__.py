@@ -22,6 +22,8 @@ class KindSpec:
     template: str
     params: type[PeriodParams]
     sections: tuple[str, ...]
+    # "app_label.codename" a user needs to request this kind (staff need none; reports.access)
+    permission: str
     # build(params, on_section) -> template context; on_section(name) after each section
     build: Callable[[Any, Callable[[str], None]], dict[str, Any]]
 
@@ -33,6 +35,7 @@ KINDS: dict[str, KindSpec] = {
         template="reports/operations.html",
         params=PARAMS_BY_KIND[ReportKind.OPERATIONS],
         sections=OPERATIONS_SECTIONS,
+        permission="reports.request_operations_report",
         build=operations_data,
     ),
     ReportKind.SALES: KindSpec(
@@ -41,6 +44,7 @@ KINDS: dict[str, KindSpec] = {
         template="reports/sales.html",
         params=PARAMS_BY_KIND[ReportKind.SALES],
         sections=SALES_SECTIONS,
+        permission="reports.request_sales_report",
         build=sales_data,
     ),
 }

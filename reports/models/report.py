@@ -176,6 +176,13 @@ class Report(models.Model):
             models.Index(fields=["status", "created_at"], name="report_status_idx"),
             models.Index(fields=["kind", "created_at"], name="report_kind_idx"),
         ]
+        # Who may ask for what (reports.access): a kind's permission, or staff; sending a report
+        # to anyone but yourself needs email_report_elsewhere. The scheduler needs neither.
+        permissions = [
+            ("request_sales_report", "Can request the sales report"),
+            ("request_operations_report", "Can request the job operations report"),
+            ("email_report_elsewhere", "Can have reports emailed to other addresses"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} #{self.pk} ({self.status})"

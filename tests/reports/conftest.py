@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from pypdf import PdfReader
 
 from jobs.models import Job, JobState
@@ -40,9 +41,24 @@ def remove_report_files() -> None:
         (root / name).unlink(missing_ok=True)
 
 
+REQUEST_BOTH_KINDS = ("request_sales_report", "request_operations_report")
+
+
+def grant(user: Any, *codenames: str) -> Any:
+    """`user` with the reports permissions `codenames`, read afresh (no stale permission cache)."""
+    user.user_permissions.add(
+        *Permission.objects.filter(content_type__app_label="reports", codename__in=codenames)
+    )
+    return type(user).objects.get(pk=user.pk)
+
+
 @pytest.fixture
 def owner(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_user("report-owner", password="pw-owner-123")
+    """A requester who may ask for both kinds (reports.access), emailed only to themselves."""
+    user = django_user_model.objects.create_user(
+        "report-owner", email="owner@example.com", password="pw-owner-123"
+    )
+    return grant(user, *REQUEST_BOTH_KINDS)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from django.utils import timezone
 from jobs.models import Job
 from jobs.ratelimit import redis_client
 from reports.models import Report, ReportKind, ReportStatus
-from tests.reports.conftest import post_report
+from tests.reports.conftest import grant, post_report
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -155,7 +155,7 @@ def test_anonymous_requests_are_401(client):
 
 
 def test_email_to_accepts_a_comma_separated_string(client, owner, clean_redis):
-    client.force_login(owner)
+    client.force_login(grant(owner, "email_report_elsewhere"))
 
     response = post_report(
         client, kind="sales", params=GOOD, email_to="a@example.com, b@example.com"
@@ -223,3 +223,4 @@ def test_openapi_documents_the_request_body(client):
     assert body["required"] == ["kind"]
     assert body["properties"]["kind"]["enum"] == ["operations", "sales"]
     assert "400" in spec["paths"]["/api/reports/"]["post"]["responses"]
+    assert "403" in spec["paths"]["/api/reports/"]["post"]["responses"]

@@ -21,7 +21,7 @@ from django.utils import timezone
 from reports.demo import demo_seed
 from reports.models import Report, ReportStatus
 from tests.conftest import ROOT, Worker
-from tests.reports.conftest import pdf_text, remove_report_files
+from tests.reports.conftest import grant, pdf_text, remove_report_files
 
 try:
     from playwright.sync_api import Page, expect, sync_playwright
@@ -76,11 +76,14 @@ def test_request_watch_and_download_a_report(
     page: Page, live_server: Any, django_user_model: Any, tmp_path: Path
 ):
     demo_seed(days=120)
-    sign_in(page, live_server, django_user_model.objects.create_user("reader", password=PASSWORD))
+    user = django_user_model.objects.create_user("reader", password=PASSWORD)
+    sign_in(page, live_server, grant(user, "request_sales_report"))
     today = timezone.localdate()
 
     page.goto("/reports/")
     expect(page.locator("h1")).to_have_text("Reports")
+    # the menu offers the one kind this reader may request
+    expect(page.locator("#id_kind option")).to_have_text(["Sales summary"])
     shot(page, "01-reports")
 
     # request the sales summary of the last 90 days

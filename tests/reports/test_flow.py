@@ -15,7 +15,14 @@ from reports.models import OrderLine, OrderStatus, Report, ReportOrigin, ReportS
 from reports.percentiles import percentile
 from reports.schemas import SalesParams
 from tests.conftest import wait_until
-from tests.reports.conftest import downloaded, final_report, pdf_text, pdf_title, post_report
+from tests.reports.conftest import (
+    downloaded,
+    final_report,
+    grant,
+    pdf_text,
+    pdf_title,
+    post_report,
+)
 
 TODAY = timezone.localdate()
 
@@ -152,7 +159,7 @@ def test_progress_is_visible_while_rendering(rworker, client, owner):
 
 def test_report_emailed_on_request_as_a_chain(rworker, mailbox, client, owner):
     demo_seed(days=30)
-    client.force_login(owner)
+    client.force_login(grant(owner, "email_report_elsewhere"))
 
     response = post_report(
         client,

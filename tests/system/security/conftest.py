@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import Permission
 
 from tests.conftest import LOG_DIR
 from tests.system.security.logscan import (
@@ -61,13 +62,16 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
 
 @pytest.fixture
 def api_user(django_user_model: Any) -> Any:
-    """A fresh, non-staff user whose password and surname the log scan looks for."""
-    return django_user_model.objects.create_user(
+    """A fresh, non-staff user whose password and surname the log scan looks for; it may request
+    the operations report (the report this suite posts: reports.access)."""
+    user = django_user_model.objects.create_user(
         f"security-{secrets.token_hex(4)}",
         password=remember_secret(secrets.token_urlsafe(18)),
         first_name="Ingrid",
         last_name=remember_secret("Sikkerhetsen"),
     )
+    user.user_permissions.add(Permission.objects.get(codename="request_operations_report"))
+    return user
 
 
 @pytest.fixture
