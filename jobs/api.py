@@ -12,8 +12,9 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from ninja import Router, Schema
+from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from ninja.params.functions import Query
 
@@ -45,7 +46,10 @@ class JobProgressOut(Schema):
 class JobOut(Schema):
     job_id: str
     task: str
-    state: str
+    state: str = Field(
+        description="queued, scheduled, running, retrying, succeeded, dead or cancelled. A "
+        "scheduled or retrying job whose time has come says queued: it waits for a worker."
+    )
     queue: str
     priority: int
     progress: JobProgressOut
@@ -61,13 +65,22 @@ class JobOut(Schema):
     run_seconds: float | None
 
 
+# What a user calls a job waiting for its time: once the time has come it waits for a worker
+# like any queued job (the ledger keeps the state's real name until a worker claims it).
+_WAITING_FOR_TIME = (JobState.SCHEDULED, JobState.RETRYING)
+
+
 def job_status(job: Job) -> dict[str, Any]:
-    """The status document of a job, as the API returns it."""
+    """The status document of a job, as the API returns it (and the "My jobs" page polls):
+    a scheduled or retrying job whose time has come says `queued`."""
     result = job.result if job.state == JobState.SUCCEEDED else None
+    state = job.state
+    if state in _WAITING_FOR_TIME and job.scheduled_for and job.scheduled_for <= timezone.now():
+        state = JobState.QUEUED
     return {
         "job_id": str(job.id),
         "task": job.task_name,
-        "state": job.state,
+        "state": state,
         "queue": job.queue,
         "priority": job.priority,
         "progress": {

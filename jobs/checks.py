@@ -110,3 +110,19 @@ def check_redis_durability(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return problems
+
+
+@register(Tags.security)
+def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """/metrics with DEBUG off answers only the METRICS_TOKEN bearer and staff sessions."""
+    if settings.DEBUG or backlot_settings().METRICS_TOKEN:
+        return []
+    return [
+        Warning(
+            "METRICS_TOKEN is empty and DEBUG is off: /metrics answers staff sessions only, so "
+            "Prometheus scrapes get 401.",
+            hint="Set BACKLOT['METRICS_TOKEN'] (the reference project reads METRICS_TOKEN from "
+            "the environment) and give Prometheus the same bearer token.",
+            id="jobs.W005",
+        )
+    ]

@@ -53,7 +53,12 @@ class BacklotSettings:
     RATE_LIMIT_MAX_RESERVE: float = 30.0
     HEALTH_MAX_QUEUE_DEPTH: int = 1000
     HEALTH_MAX_WAIT_SECONDS: float = 300.0
-    # Bearer token /metrics asks for; empty: staff session only.
+    # More jobs than this giving up within an hour degrade health (and alert): a provider that
+    # starts refusing, or a bad deploy. 50/h is ~1 a minute, above a healthy project's trickle
+    # of permanent errors (bad addresses, invalid files), far below a refusing API's rate.
+    HEALTH_MAX_DEAD_PER_HOUR: int = 50
+    # Bearer token /metrics asks for (staff sessions need none); empty: staff only, unless
+    # DEBUG, when /metrics is open (system check jobs.W005 warns about empty with DEBUG off).
     METRICS_TOKEN: str = ""
     # Retention (manage.py jobs purge, and daily from beat); unresolved dead letters are kept.
     JOB_RETENTION_DAYS: int = 7

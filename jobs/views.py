@@ -6,6 +6,7 @@ import hmac
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -43,16 +44,29 @@ def health(request: HttpRequest) -> JsonResponse:
 
 
 def _has_metrics_token(request: HttpRequest) -> bool:
+    """The request carries `Authorization: Bearer <METRICS_TOKEN>` (never true while unset)."""
     token = backlot_settings().METRICS_TOKEN
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return bool(token) and hmac.compare_digest(given.encode(), token.encode())
+    header = request.headers.get("Authorization", "")
+    if not token or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token.encode())
 
 
 @never_cache
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    if backlot_settings().METRICS_TOKEN and not _has_metrics_token(request):
-        return HttpResponse("metrics need a bearer token\n", status=401, content_type="text/plain")
+    """Prometheus text for the METRICS_TOKEN bearer or a staff session. Open to anyone only
+    with DEBUG on and no token set (`make run`); system check jobs.W005 warns when the token is
+    unset with DEBUG off, where scrapers get 401 (queue names and sizes are not public)."""
+    open_for_debug = settings.DEBUG and not backlot_settings().METRICS_TOKEN
+    if not (open_for_debug or _has_metrics_token(request) or request.user.is_staff):
+        response = HttpResponse(
+            "metrics need Authorization: Bearer <METRICS_TOKEN>\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
     return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -109,7 +109,8 @@ def test_metrics_expose_queue_depth_and_dead_letters(client, clean_redis, settin
         last_failed_at="2026-01-01T00:00:00Z",
     )
 
-    text = client.get("/metrics").content.decode()
+    settings.BACKLOT = {**settings.BACKLOT, "METRICS_TOKEN": "scrape-me"}  # how Prometheus reads
+    text = client.get("/metrics", HTTP_AUTHORIZATION="Bearer scrape-me").content.decode()
 
     assert 'backlot_queue_depth{queue="reports"} 2.0' in text
     assert 'backlot_dead_letters{status="dead",task="tests.refused"} 1.0' in text

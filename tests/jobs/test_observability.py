@@ -46,7 +46,7 @@ def test_json_log_lines_carry_the_job_fields():
     assert entry["message"] == "job succeeded to a***@example.com"
 
 
-def test_metrics_count_finished_jobs_across_worker_processes(worker, client, unique):
+def test_metrics_count_finished_jobs_across_worker_processes(worker, admin_client, unique):
     handles = [tasks.add.enqueue(n, n) for n in range(6)] + [
         tasks.refused.enqueue(unique, to="x@example.com")
     ]
@@ -59,7 +59,7 @@ def test_metrics_count_finished_jobs_across_worker_processes(worker, client, uni
         )
     )
 
-    text = client.get("/metrics").content.decode()
+    text = admin_client.get("/metrics").content.decode()  # a staff session
 
     assert 'backlot_jobs_finished_total{state="succeeded",task="tests.add"} 6.0' in text
     assert 'backlot_jobs_finished_total{state="dead",task="tests.refused"} 1.0' in text
