@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import current_app
 from celery.exceptions import Ignore, Reject, Retry
@@ -39,15 +39,13 @@ from .enqueue import JobHandle
 from .models import Job
 from .registry import task_by_name
 
-T = TypeVar("T")
-
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], Any],
     timeout: float = 20,
     interval: float = 0.05,
     what: str = "condition",
-) -> T:
+) -> Any:
     """Poll `predicate` until it returns something truthy (and return it); fail with an
     AssertionError naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -5,6 +5,7 @@ cancelled with it, and a revoke from `celery control` lands in the ledger."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 
 from config.celery import app as celery_app
-from jobs import AlreadyFinished, cancel
+from jobs import AlreadyFinished, JobHandle, cancel
 from jobs.models import AuditEntry, DeadLetter, Job, JobState
 from jobs.redis import redis_client
 from jobs.relay import job_relay
@@ -43,8 +44,12 @@ def test_cancelled_queued_and_scheduled_jobs_never_run(
     # then their messages arrive and are dropped at claim: neither ever ran
     try:
         for handle in (queued, scheduled):
+
+            def delivered(h: JobHandle = handle) -> bool:
+                return Job.objects.get(id=h.id).deliveries >= 1
+
             wait_until(
-                lambda h=handle: Job.objects.get(id=h.id).deliveries >= 1,
+                delivered,
                 timeout=30,
                 what="the cancelled job's message to be delivered and dropped",
             )
@@ -82,8 +87,10 @@ def test_a_running_job_stops_at_its_next_progress_call(worker, client, django_us
 def test_cancelling_a_job_cancels_the_jobs_it_fanned_out(worker, django_user_model, unique):
     owner = django_user_model.objects.create_user("fanner", password="pw")
     parent = tasks.cooperative.using(owner=owner).enqueue(unique, children=3)
-    wait_until(lambda: Job.objects.filter(parent_id=parent.id).count() == 3, what="children")
-    children = list(Job.objects.filter(parent_id=parent.id))
+    wait_until(
+        lambda: Job.objects.filter(parent_id=uuid.UUID(parent.id)).count() == 3, what="children"
+    )
+    children = list(Job.objects.filter(parent_id=uuid.UUID(parent.id)))
     # the children belong to the user the parent runs for
     assert {child.owner_id for child in children} == {owner.pk}
 
@@ -92,9 +99,9 @@ def test_cancelling_a_job_cancels_the_jobs_it_fanned_out(worker, django_user_mod
     assert sorted(outcome.cancelled) == sorted(str(c.id) for c in children)
     assert outcome.requested == [parent.id]
     wait_until(lambda: state_of(parent.id) == JobState.CANCELLED, what="the parent to stop")
-    assert set(Job.objects.filter(parent_id=parent.id).values_list("state", flat=True)) == {
-        JobState.CANCELLED
-    }
+    assert set(
+        Job.objects.filter(parent_id=uuid.UUID(parent.id)).values_list("state", flat=True)
+    ) == {JobState.CANCELLED}
     with pytest.raises(AlreadyFinished, match="cancelled"):
         cancel(parent.id)
 

@@ -139,6 +139,14 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
     send("GET", "/api/reports/{report_id}/download", 409, path_parameters=report_ids)
     send("GET", "/api/videos/", 200)
     send("GET", "/api/videos/{video_id}/", 200, path_parameters={"video_id": video["video_id"]})
+    send("GET", "/api/jobs/", 200)
+    job = {"job_id": email["job_id"]}
+    send("POST", "/api/jobs/{job_id}/cancel", 202, path_parameters=job)
+    send("POST", "/api/jobs/{job_id}/cancel", 409, path_parameters=job)
+    # queues are for staff: the token's user is refused, as documented
+    send("GET", "/api/queues/", 403)
+    send("POST", "/api/queues/{queue}/pause", 403, path_parameters={"queue": "default"})
+    send("POST", "/api/queues/{queue}/resume", 403, path_parameters={"queue": "default"})
 
     operations = []
     for result in schema.get_all_operations():
