@@ -3,6 +3,10 @@ them queued, a dead-letter spike degrades health and alerts, /metrics needs its 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -253,3 +257,20 @@ def test_the_system_check_warns_about_an_open_metrics_setup(settings):
     settings.DEBUG = True
     settings.BACKLOT = {**settings.BACKLOT, "METRICS_TOKEN": ""}
     assert check_metrics_token() == []
+
+
+def test_admins_come_from_the_environment():
+    # the reference project's settings, imported afresh with ADMINS set as .env.example says
+    env = {**os.environ, "ADMINS": "Ops Team <ops@example.com>, oncall@example.com"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    code = (
+        "import json, os; os.environ['DJANGO_SETTINGS_MODULE'] = 'config.settings';"
+        "from django.conf import settings; print(json.dumps(settings.ADMINS))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(out) == [
+        ["Ops Team", "ops@example.com"],
+        ["oncall@example.com", "oncall@example.com"],
+    ]
