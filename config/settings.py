@@ -228,6 +228,8 @@ BACKLOT: dict[str, Any] = {
     "RATE_LIMIT_MAX_RESERVE": float(os.environ.get("BACKLOT_RATE_LIMIT_MAX_RESERVE", "30")),
     "HEALTH_MAX_QUEUE_DEPTH": int(os.environ.get("BACKLOT_HEALTH_MAX_QUEUE_DEPTH", "1000")),
     "HEALTH_MAX_WAIT_SECONDS": float(os.environ.get("BACKLOT_HEALTH_MAX_WAIT_SECONDS", "300")),
+    # More dead letters than this in the last hour degrade health (a provider refusing).
+    "HEALTH_MAX_DEAD_PER_HOUR": int(os.environ.get("BACKLOT_HEALTH_MAX_DEAD_PER_HOUR", "50")),
     "METRICS_TOKEN": os.environ.get("METRICS_TOKEN", ""),
     # Retention (manage.py jobs purge, and daily from beat); unresolved dead letters are kept.
     "JOB_RETENTION_DAYS": int(os.environ.get("BACKLOT_JOB_RETENTION_DAYS", "7")),
@@ -242,10 +244,14 @@ BACKLOT: dict[str, Any] = {
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     "BEAT_LOCK_TTL": int(os.environ.get("BACKLOT_BEAT_LOCK_TTL", "30")),
 }
-# Alert emails go to ADMINS="Ops <ops@example.com>, Other <other@example.com>".
+# Alert emails go to ADMINS="Ops <ops@example.com>, oncall@example.com" (a bare address is
+# its own name).
 ADMINS = [
-    (name.strip(), address.strip(" >"))
-    for name, _, address in (entry.partition("<") for entry in env_list("ADMINS"))
+    (name.strip() or address, address)
+    for name, address in (
+        (name, address.strip(" >") or name.strip())
+        for name, _, address in (entry.partition("<") for entry in env_list("ADMINS"))
+    )
 ]
 SERVER_EMAIL = os.environ.get("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 EMAIL_SUBJECT_PREFIX = "[Backlot] "
