@@ -167,6 +167,27 @@ LOGGING = {
     },
 }
 
+# --- Error reporting (optional: pip install backlot[sentry]) -------------------------------
+# With SENTRY_DSN set, errors go to Sentry: a dead job is one event (jobs.errors), tagged with
+# job id, task, queue and attempt, its arguments masked. Traces stay off (no
+# traces_sample_rate) and no personal data is sent by default. Integrations are not
+# auto-enabled: Sentry's Celery one is not needed (jobs.errors reports dead jobs, and drops the
+# repeat Celery's would send as the worker re-raises the exception) and would add trace headers
+# to every message.
+# https://docs.sentry.io/platforms/python/configuration/options/
+SENTRY_DSN = os.environ.get("SENTRY_DSN", "")
+if SENTRY_DSN:
+    import sentry_sdk
+    from sentry_sdk.integrations.django import DjangoIntegration
+
+    sentry_sdk.init(
+        dsn=SENTRY_DSN,
+        environment=os.environ.get("SENTRY_ENVIRONMENT", "production"),
+        send_default_pii=False,
+        auto_enabling_integrations=False,
+        integrations=[DjangoIntegration()],
+    )
+
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # --- Celery -------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ class JobsConfig(AppConfig):
         # Imported here, not at module level: they need the app registry (models).
         # cancellation: wraps the workers' revoke command so a revoke lands in the ledger;
         # pausing: the workers' pause hooks and their sync command.
-        from . import cancellation, checks, pausing, signals, telemetry  # noqa: F401
+        from . import cancellation, checks, errors, pausing, signals, telemetry  # noqa: F401
 
         telemetry.connect()
+        errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised

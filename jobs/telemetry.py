@@ -12,6 +12,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from . import events
+from .ledger import describe_exception
 from .redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
@@ -110,19 +111,25 @@ def job_event(
     attempt: int,
     duration: float | None = None,
     outcome: str | None = None,
+    exception: BaseException | None = None,
 ) -> None:
     """One structured log line per job start, retry, success, failure and dead letter;
-    finished attempts also count in the metrics. Ids and names only: no arguments."""
-    level = logging.WARNING if event in ("dead", "failed") else logging.INFO
+    finished attempts also count in the metrics. Ids, names and the exception's class only:
+    no arguments, and no exception message (it may quote them).
+
+    A dead job is logged at ERROR, so error-level alerting and error trackers see it."""
+    level = {"dead": logging.ERROR, "failed": logging.WARNING}.get(event, logging.INFO)
+    exception_class = describe_exception(exception)[0] if exception is not None else None
     job_logger.log(
         level,
-        "job %s id=%s task=%s queue=%s attempt=%s%s",
+        "job %s id=%s task=%s queue=%s attempt=%s%s%s",
         event,
         job_id,
         task,
         queue,
         attempt,
         f" duration={duration:.3f}s" if duration is not None else "",
+        f" exception={exception_class}" if exception_class else "",
         extra={
             "event": event,
             "job_id": job_id,
@@ -131,6 +138,7 @@ def job_event(
             "attempt": attempt,
             "duration": duration,
             "outcome": outcome or event,
+            "exception_class": exception_class,
         },
     )
     if event in ("succeeded", "retrying", "dead", "cancelled"):
@@ -146,6 +154,7 @@ def _receiver(event: str) -> Any:
             queue=queue,
             attempt=attempt,
             duration=kwargs.get("duration"),
+            exception=kwargs.get("exception"),
         )
 
     receive.__name__ = f"log_job_{event}"

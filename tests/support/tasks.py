@@ -221,3 +221,14 @@ def fails_then_hangs(key: str, seconds: float) -> str:
         raise ConnectionError("the first run fails")
     time.sleep(seconds)
     return "slept"
+
+
+@job(
+    name="tests.unreachable",
+    queue="reports",  # left to tests' own workers (tests/jobs/test_errors.py starts one)
+    retry=RetryPolicy(max_attempts=3, base_delay=0.2, factor=1.0, jitter=False),
+)
+def unreachable(key: str, to: str) -> None:
+    """Fails every run with a transient error quoting its address: retried twice, then dead."""
+    mark(key)
+    raise ConnectionError(f"could not reach the mailbox of {to}")
