@@ -6,6 +6,7 @@ from celery import Celery
 from celery.signals import setup_logging
 
 import jobs.celery
+from config.tracing import trace_worker_processes
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -13,6 +14,7 @@ app = Celery("backlot")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 jobs.celery.configure(app)
 app.autodiscover_tasks()
+trace_worker_processes()  # OpenTelemetry, when OTEL_* asks for it (config/tracing.py)
 
 
 @setup_logging.connect

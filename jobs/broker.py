@@ -78,12 +78,16 @@ def publish(
     priority: int,
     eta: datetime | None,
     options: Mapping[str, Any] | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> bool:
     """Hand one job's message to the broker; False when the broker is unavailable.
 
     Bounded timeouts make a dead or frozen Redis fail fast; the caller leaves the job in the
-    ledger's outbox for the relay.
+    ledger's outbox for the relay. `trace_context` (jobs.tracing) rides in the headers.
     """
+    options = dict(options or {})
+    if trace_context:
+        options["headers"] = {**trace_context, **(options.get("headers") or {})}
     try:
         task.apply_async(
             list(args),
@@ -95,7 +99,7 @@ def publish(
             argsrepr=message_repr(args),
             kwargsrepr=message_repr(kwargs),
             _backlot_internal=True,
-            **dict(options or {}),
+            **options,
         )
     except BROKER_ERRORS as exc:
         logger.warning("Broker unavailable, job %s stays in the outbox: %s", job_id, exc)
@@ -110,9 +114,11 @@ def publish_many(
     priority: int,
     queue: str | None = None,
     on_chunk: Callable[[list[str]], object] | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> int:
     """Publish (id, args, kwargs) messages a chunk per pipelined flush; `on_chunk(ids)` runs
-    once the broker took a chunk. Returns how many were sent; a broker failure stops there."""
+    once the broker took a chunk. Returns how many were sent; a broker failure stops there.
+    Every message carries `trace_context` (jobs.tracing) in its headers."""
     amqp = task.app.amqp
     queue = queue or task.queue_name
     options = {
@@ -142,6 +148,8 @@ def publish_many(
                             ignore_result=ignore_result,
                         )
                         slim_message(headers, properties)
+                        if trace_context:
+                            headers.update(trace_context)
                         producer.publish(body, headers=headers, **options, **properties)
                         options["declare"] = None  # declared once: binding it per message is costly
                 sent += len(chunk)

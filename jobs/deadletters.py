@@ -50,6 +50,8 @@ def dead_letter_replay(
             owner=row.owner,
             queue=row.queue,
             detached=True,
+            # in the trace of the job that died (jobs.tracing), linked to the operator's
+            trace_parent=row.job.trace_context if row.job_id else None,
         )
         ledger.dead_letter_replayed(
             dead_letter=row, job_id=handle.id if task.track else None, by=by

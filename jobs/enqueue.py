@@ -17,7 +17,7 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from . import broker, context, events, ledger
+from . import broker, context, events, ledger, tracing
 from .conf import backlot_settings
 from .exceptions import BrokerUnavailable
 from .models import Job
@@ -144,13 +144,15 @@ def enqueue(
     queue: str | None = None,
     publish_options: Mapping[str, Any] | None = None,
     detached: bool = False,
+    trace_parent: Mapping[str, str] | None = None,
 ) -> JobHandle:
     """Accept a job: check its payload, write its ledger row, publish after commit.
 
     With an idempotency key, a second enqueue while the first job is active (or succeeded
     within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
     The job belongs to `owner`, else to the user acted for, else to the owner of the running
-    job that enqueues it, whose child it is unless `detached` (jobs.context).
+    job that enqueues it, whose child it is unless `detached` (jobs.context). Its trace is the
+    current one, or `trace_parent`'s (a replay joins its original job's trace; jobs.tracing).
     """
     args, kwargs = list(args), dict(kwargs or {})
     if not on_commit and transaction.get_connection().in_atomic_block:
@@ -164,8 +166,9 @@ def enqueue(
     priority = check_priority(task.default_priority if priority is None else priority)
     now = timezone.now()
     start_at = _resolve_start(delay, eta, now)
+    job_id = uuid.UUID(task_id) if task_id else uuid.uuid4()
     job = Job(
-        id=uuid.UUID(task_id) if task_id else uuid.uuid4(),
+        id=job_id,
         task_name=task.name,
         args=args,
         kwargs=kwargs,
@@ -178,6 +181,9 @@ def enqueue(
         enqueued_at=now,
         scheduled_for=start_at,
         publish_options=_storable(publish_options),
+        trace_context=tracing.job_published(
+            queue=queue, task=task.name, job_id=str(job_id), parent=trace_parent
+        ),
     )
     if not task.track:
         if idempotency_key:
@@ -242,6 +248,7 @@ def publish_job(
         priority=job.priority,
         eta=eta,
         options={**(job.publish_options or {}), **dict(options or {})},
+        trace_context=job.trace_context,
     )
     if sent and task.track and mark_published:
         ledger.mark_published([job.id], now=now)
@@ -275,15 +282,18 @@ def enqueue_many(
         args, kwargs = list(call_args), dict(call_kwargs)
         payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
         rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
+    queue = check_queue(queue or task.queue_name) if task.track else queue or task.queue_name
+    carrier = tracing.job_published(queue=queue, task=task.name, count=len(rows))
     if task.track:
         prototype = Job(
             task_name=task.name,
-            queue=check_queue(queue or task.queue_name),
+            queue=queue,
             priority=priority,
             **_lineage(owner, detached),
             state=JobState.QUEUED,
             max_attempts=task.policy.max_attempts,
             enqueued_at=timezone.now(),
+            trace_context=carrier,
         )
         ledger.insert_many(prototype=prototype, rows=rows)
 
@@ -292,8 +302,9 @@ def enqueue_many(
         sent = broker.publish_many(
             task=task,
             jobs=messages,
-            queue=queue or task.queue_name,
+            queue=queue,
             priority=priority,
+            trace_context=carrier,
             on_chunk=ledger.mark_published if task.track else None,
         )
         if sent < len(rows) and not task.track:

@@ -20,7 +20,7 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from . import context, events, ledger
+from . import context, events, ledger, tracing
 from .broker import backlot_priority
 from .conf import backlot_settings
 from .enqueue import Enqueueable, publish_job
@@ -83,8 +83,9 @@ def _event(signal: Any, task: Runnable, attempt: int, **arguments: Any) -> None:
     )
 
 
+@tracing.traced_run
 def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
-    """One delivery of a job: take a rate slot, claim, run, record the outcome."""
+    """One delivery of a job (in its consumer span): take a rate slot, claim, run, record."""
     request = task.request
     lease_seconds = backlot_settings().LEASE_SECONDS
     try:
@@ -118,6 +119,7 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         raise
     attempt = claim.attempt if claim else (request.retries or 0) + 1
     failures = claim.failures if claim else []
+    tracing.set_attempt(attempt)
     _event(events.job_started, task, attempt)
     if claim:
         renewer.hold(job_id=request.id, attempt=attempt, lease_seconds=lease_seconds)
@@ -375,6 +377,7 @@ def resend(
         queue=request_queue(task),
         priority=request_priority(task),
         scheduled_for=due,
+        trace_context=tracing.message_context(task.request),  # each attempt in the same trace
     )
     return publish_job(
         job=job, task=task, options={**carried, **options}, mark_published=mark_published

@@ -177,6 +177,14 @@ class Job(models.Model):
         blank=True,
         help_text="Canvas links (chain, chord, group, callbacks) the relay re-sends with the job.",
     )
+    # jobs.tracing: the W3C context of the span that enqueued the job (empty when not tracing);
+    # every message of the job carries it, so a relayed or retried copy stays in its trace.
+    trace_context = models.JSONField(
+        "trace context",
+        default=dict,
+        blank=True,
+        help_text="OpenTelemetry context it was enqueued in (traceparent names the trace).",
+    )
     replay_of = models.ForeignKey(
         "DeadLetter",
         on_delete=models.SET_NULL,

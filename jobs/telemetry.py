@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from . import events
+from . import events, tracing
 from .ledger import describe_exception
 from .redis import redis_client, redis_text
 
@@ -139,6 +139,7 @@ def job_event(
             "duration": duration,
             "outcome": outcome or event,
             "exception_class": exception_class,
+            "trace_id": tracing.current_trace_id(),  # None unless the run is traced
         },
     )
     if event in ("succeeded", "retrying", "dead", "cancelled"):
