@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+import django
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("BACKLOT_DATA_DIR", BASE_DIR / ".data"))
@@ -289,8 +290,10 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 # Code written against Django's Tasks API (@task, .enqueue(), TaskResult) runs on Backlot's
 # workers with the platform's ledger, retry policy and dead letters; see docs/tasks-api.md.
 # https://docs.djangoproject.com/en/6.0/topics/tasks/
-# django_tasks as an app adds its system checks (a bad TASKS fails `manage.py check`).
-INSTALLED_APPS += ["django_tasks"]
+# On Django 5.2 the backport runs as an app, which adds its system checks (a bad TASKS fails
+# `manage.py check`); Django 6 has django.tasks built in, with the same TASKS keys and checks.
+if django.VERSION < (6, 0):
+    INSTALLED_APPS += ["django_tasks"]
 TASKS = {
     "default": {
         "BACKEND": "jobs.backends.CeleryBackend",

@@ -1,4 +1,4 @@
-"""Django's standard Tasks API (django.tasks, backported as django_tasks) on Backlot's workers.
+"""Django's standard Tasks API on Backlot's workers: django.tasks on Django 6, the backport on 5.2.
 
 With TASKS = {"default": {"BACKEND": "jobs.backends.CeleryBackend"}}, `@task` functions run as
 Backlot jobs: `.enqueue()` writes a ledger row in the caller's transaction and publishes it on
@@ -13,17 +13,30 @@ import contextlib
 import uuid
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+import django
 from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
-from django_tasks.backends.base import BaseTaskBackend
-from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-from django_tasks.signals import task_enqueued, task_finished, task_started
-from django_tasks.utils import normalize_json
+
+# The same API under two names: Django 6's built-in django.tasks, or on Django 5.2 the
+# django-tasks backport it was merged from (renamed InvalidTaskError → InvalidTask on the way).
+# mypy reads the backport's branch: it is typed, and Django 5.2's stubs have no django.tasks.
+if TYPE_CHECKING or django.VERSION < (6, 0):
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
+else:
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
 
 from . import enqueue
 from .conf import backlot_settings
@@ -92,7 +105,7 @@ class CeleryBackend(BaseTaskBackend):
         declared = backlot_settings().QUEUES
         if task.queue_name not in self.queues or task.queue_name not in declared:
             allowed = sorted(self.queues & set(declared))
-            raise InvalidTaskError(
+            raise InvalidTask(
                 f"Queue {task.queue_name!r} of task {task.module_path} is not a queue Backlot's "
                 f"workers consume; use one of: {', '.join(allowed)} "
                 f"(BACKLOT['QUEUES'], TASKS[{self.alias!r}]['QUEUES'])."
@@ -270,7 +283,7 @@ def _announce_failure(exc: BaseException, args: tuple, kwargs: dict) -> None:
         return
     try:
         task = _task_of(row)
-    except (UnknownTask, InvalidTaskError):
+    except (UnknownTask, InvalidTask):
         return  # nothing a receiver could be given; the dead letter says why
     task_finished.send(type(task.get_backend()), task_result=_task_result(row, task))
 
@@ -296,7 +309,7 @@ def standard_task(
         raise Permanent(f"Task {path} runs only through the Tasks API backend, as a tracked job")
     try:
         task = _task_of(row)
-    except (UnknownTask, InvalidTaskError) as exc:
+    except (UnknownTask, InvalidTask) as exc:
         raise Permanent(f"Task {path} cannot run: {exc}") from exc
     result = _task_result(row, task)
     worker_ids = [*result.worker_ids[:-1], request.hostname or UNRECORDED_WORKER]

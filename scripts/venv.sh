@@ -35,8 +35,10 @@ if ! venv_ok; then
     rm -f "$STAMP"
 fi
 
+# The suite runs on Django 5.2 LTS, whatever the interpreter: on Python 3.12+ pyproject's
+# Django>=5.2,<6.1 would take 6.0 (that one is .venv-django6's, scripts/venv-django6.sh).
 if [[ ! -f $STAMP || pyproject.toml -nt $STAMP ]]; then
-    log "installing the project into $VENV (pip install -e '.[project,dev]')"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[project,dev]'
+    log "installing the project into $VENV (pip install -e '.[project,dev]' 'Django>=5.2,<5.3')"
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -e '.[project,dev]' 'Django>=5.2,<5.3'
     touch "$STAMP"
 fi

@@ -1,4 +1,4 @@
-"""The standard Tasks API (django_tasks) on Backlot: enqueue, run on a real worker, read back."""
+"""The standard Tasks API on Backlot (either Django's): enqueue, run on a real worker, read back."""
 
 from __future__ import annotations
 
@@ -13,9 +13,6 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
-from django_tasks import TaskResult, TaskResultStatus, default_task_backend, task, task_backends
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist, TaskResultMismatch
-from django_tasks.signals import task_enqueued
 
 from jobs import dead_letter_replay
 from jobs.backends import RUNNER_NAME, CeleryBackend, backlot_priority
@@ -24,6 +21,17 @@ from jobs.models import DeadLetter, DeadLetterStatus, Job, JobState
 from jobs.policies import DEFAULT_POLICY, Permanent
 from tests.conftest import ROOT, marks, set_flag, wait_until
 from tests.support import std_tasks, tasks
+from tests.support.tasks_api import (
+    InvalidTask,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    task,
+    task_backends,
+    task_enqueued,
+)
 
 
 def settled(result: TaskResult, timeout: float = 30) -> TaskResult:
@@ -97,13 +105,13 @@ def test_a_queue_backlot_does_not_declare_fails_the_system_check():
 
 
 def test_declaring_a_task_on_an_unknown_queue_is_refused():
-    with pytest.raises(InvalidTaskError, match=r"Queue 'bulk' of task .*orphan is not a queue"):
+    with pytest.raises(InvalidTask, match=r"Queue 'bulk' of task .*orphan is not a queue"):
         task(queue_name="bulk")(orphan)
 
 
 def test_unknown_queue_is_a_clear_error_and_writes_nothing(db):
     with pytest.raises(
-        InvalidTaskError,
+        InvalidTask,
         match=r"Queue 'bulk' .* not a queue Backlot's workers consume; "
         r"use one of: default, emails, media, reports",
     ):
@@ -312,8 +320,8 @@ def test_get_result_works_from_another_process(worker, worker_env):
     failed = settled(std_tasks.rejects_input.enqueue("other-process", 3))
     code = f"""
 import json
-from django_tasks import default_task_backend
 from tests.support import std_tasks, tasks
+from tests.support.tasks_api import default_task_backend
 ok = std_tasks.add.get_result({result.id!r})
 bad = default_task_backend.get_result({failed.id!r})
 print(json.dumps({{

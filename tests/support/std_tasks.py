@@ -1,6 +1,7 @@
 """Tasks written against Django's standard Tasks API; Backlot's workers run them.
 
-The tasks use `django_tasks` only, as an app written for `django.tasks` would (the Redis marks
+The tasks use the Tasks API only (tests/support/tasks_api.py: django.tasks on Django 6, the
+django_tasks backport on 5.2), as an app written for `django.tasks` would (the Redis marks
 and flags are the test suite's plumbing). Workers import this module by path when a task runs.
 """
 
@@ -9,10 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from django_tasks import TaskContext, task
-
 from jobs.redis import redis_client
 from tests.support.tasks import mark, wait_for_flag
+from tests.support.tasks_api import TaskContext, task
 
 
 @task()
