@@ -51,7 +51,7 @@ def dead_letter_replay(
             queue=row.queue,
             detached=True,
             # in the trace of the job that died (jobs.tracing), linked to the operator's
-            trace_parent=row.job.trace_context if row.job_id else None,
+            trace_parent=row.job.trace_context if row.job is not None else None,
         )
         ledger.dead_letter_replayed(
             dead_letter=row, job_id=handle.id if task.track else None, by=by
