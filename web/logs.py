@@ -8,7 +8,17 @@ import logging
 from jobs import mask_text
 
 # Fields job log lines carry (see jobs.telemetry.job_event), emitted as JSON keys.
-JOB_FIELDS = ("event", "job_id", "task", "queue", "attempt", "duration", "outcome", "trace_id")
+JOB_FIELDS = (
+    "event",
+    "job_id",
+    "task",
+    "queue",
+    "attempt",
+    "duration",
+    "outcome",
+    "exception_class",
+    "trace_id",
+)
 
 
 class MaskingFormatter(logging.Formatter):
