@@ -1,0 +1,29 @@
+"""The job ledger, idempotency keys, recorded effects and dead letters."""
+
+from ..states import (  # re-exported: the models' vocabulary
+    ACTIVE_STATES,
+    CLAIMABLE_STATES,
+    FINISHED_STATES,
+    WAITING_STATES,
+    DeadLetterStatus,
+    JobState,
+)
+from .deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
+from .job import Effect, IdempotencyRecord, Job, JobQuerySet
+
+__all__ = [
+    "ACTIVE_STATES",
+    "CLAIMABLE_STATES",
+    "DEAD_LETTER_FILTERS",
+    "FINISHED_STATES",
+    "WAITING_STATES",
+    "AuditEntry",
+    "DeadLetter",
+    "DeadLetterQuerySet",
+    "DeadLetterStatus",
+    "Effect",
+    "IdempotencyRecord",
+    "Job",
+    "JobQuerySet",
+    "JobState",
+]
