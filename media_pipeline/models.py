@@ -19,7 +19,8 @@ class VideoStatus(models.TextChoices):
 
     queued -> probing -> transcoding -> ready, or failed: from queued/probing (not a video, or
     the processing job gave up) or from transcoding (a format failed). A failed video whose
-    failed format is replayed successfully becomes ready.
+    failed format is replayed successfully becomes ready. Any time before it settles it can
+    be cancelled (its jobs are cancelled; a format written before stays ready).
     """
 
     QUEUED = "queued", "Queued"  # stored; the probe job has not started
@@ -27,6 +28,10 @@ class VideoStatus(models.TextChoices):
     TRANSCODING = "transcoding", "Transcoding"  # one job per format runs (a chord)
     READY = "ready", "Ready"  # every rendition is written
     FAILED = "failed", "Failed"  # not a video, or a format failed; `error` says which
+    CANCELLED = "cancelled", "Cancelled"  # someone cancelled it; nothing more is transcoded
+
+
+FINISHED_VIDEO_STATES = (VideoStatus.READY, VideoStatus.FAILED, VideoStatus.CANCELLED)
 
 
 class RenditionFormat(models.TextChoices):
@@ -39,15 +44,21 @@ class RenditionFormat(models.TextChoices):
 
 class RenditionStatus(models.TextChoices):
     """Where one format's transcode is: queued -> running -> ready, or back to queued after a
-    failed attempt, or failed once its job gave up (a replay runs it again)."""
+    failed attempt, or failed once its job gave up (a replay runs it again); queued/running ->
+    cancelled when its job is cancelled (ffmpeg is stopped, the partial file removed)."""
 
     QUEUED = "queued", "Queued"  # waiting for the probe, a worker, or its next attempt
     RUNNING = "running", "Running"  # ffmpeg is writing it (under a temporary name)
     READY = "ready", "Ready"  # written, renamed into place, probed
     FAILED = "failed", "Failed"  # its job gave up; `error` has ffmpeg's message
+    CANCELLED = "cancelled", "Cancelled"  # its job was cancelled; never written, not run again
 
 
-FINISHED_RENDITION_STATES = (RenditionStatus.READY, RenditionStatus.FAILED)
+FINISHED_RENDITION_STATES = (
+    RenditionStatus.READY,
+    RenditionStatus.FAILED,
+    RenditionStatus.CANCELLED,
+)
 
 
 def video_source_path(video: Video, filename: str) -> str:
@@ -175,7 +186,7 @@ class Video(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (VideoStatus.READY, VideoStatus.FAILED)
+        return self.status in FINISHED_VIDEO_STATES
 
     # --- state changes (each a guarded UPDATE "from X to Y"; True if the video moved) ------
     def mark_probing(self) -> bool:
@@ -234,6 +245,16 @@ class Video(models.Model):
             [VideoStatus.TRANSCODING],
             status=VideoStatus.FAILED,
             error=error,
+            finished_at=timezone.now(),
+        )
+
+    def mark_cancelled(self) -> bool:
+        """queued/probing/transcoding -> cancelled: its jobs were cancelled (a ready or failed
+        video has settled and stays)."""
+        return _move(
+            self,
+            [VideoStatus.QUEUED, VideoStatus.PROBING, VideoStatus.TRANSCODING],
+            status=VideoStatus.CANCELLED,
             finished_at=timezone.now(),
         )
 
@@ -406,5 +427,15 @@ class Rendition(models.Model):
             [RenditionStatus.QUEUED, RenditionStatus.RUNNING, RenditionStatus.FAILED],
             status=RenditionStatus.FAILED,
             error=error,
+            finished_at=timezone.now(),
+        )
+
+    def mark_cancelled(self) -> bool:
+        """queued/running -> cancelled: its job was cancelled before the file was complete (a
+        ready rendition stays ready, a failed one failed)."""
+        return _move(
+            self,
+            [RenditionStatus.QUEUED, RenditionStatus.RUNNING],
+            status=RenditionStatus.CANCELLED,
             finished_at=timezone.now(),
         )

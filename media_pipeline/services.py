@@ -19,6 +19,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
 
+from jobs import AlreadyFinished, JobCancelled, cancel
 from jobs.models import Job
 from web.uploads import upload_limit_message
 
@@ -211,6 +212,8 @@ def rendition_transcode(
     video = rendition.video
     if rendition.status == RenditionStatus.READY and media_path(rendition.path).is_file():
         return rendition
+    if rendition.status == RenditionStatus.CANCELLED:
+        return rendition  # cancelled while its message was on its way: never transcoded
     rung = LADDER[rendition.format]
     folder = media_path(video.folder) / "renditions"
     folder.mkdir(parents=True, exist_ok=True)
@@ -235,6 +238,8 @@ def rendition_transcode(
         _fsync(partial)
         os.replace(partial, final)
         _fsync(folder)
+    except JobCancelled:
+        raise  # ffmpeg is stopped and the partial file removed; the job's hook marks it
     except Exception as exc:
         rendition.mark_attempt_failed(error=str(exc) or type(exc).__name__)
         raise
@@ -278,7 +283,9 @@ def video_finish(*, video_id: str) -> Video:
         elif all(r.is_finished for r in renditions):
             failed = [r for r in renditions if r.status == RenditionStatus.FAILED]
             error = "\n".join(f"{r.format} failed: {r.error}" for r in failed)
-            if video.mark_transcode_failed(error=error):
+            if not failed:
+                video.mark_cancelled()  # the rest written, a cancelled format never will be
+            elif video.mark_transcode_failed(error=error):
                 logger.info("Video %s failed: %s", video.id, ", ".join(r.format for r in failed))
     return video
 
@@ -289,3 +296,60 @@ def rendition_give_up(*, rendition_id: int, error: str) -> Video:
     rendition = Rendition.objects.get(pk=rendition_id)
     rendition.mark_failed(error=error)  # a written one stays ready
     return video_finish(video_id=str(rendition.video_id))
+
+
+# --- cancel ----------------------------------------------------------------------------
+
+
+def video_cancel(*, video: Video, by: Any = None) -> list[str]:
+    """Cancel a video's processing: its processing job with the jobs it fanned out, or, once
+    that job has finished, the job of every format still waiting or running.
+
+    Returns the ids of the jobs cancelled or asked to stop (empty: everything had finished
+    already, and the video is left as it is). The video and those renditions read cancelled at
+    once; the jobs' on_cancelled hooks (rendition_cancelled, video_cancelled) say so again
+    when a run has stopped, and remove a partial file.
+    """
+    renditions = [r for r in video.renditions.all() if r.job_id and not r.is_finished]
+    stopped: list[str] = []
+    for job_id in [video.job_id, *(r.job_id for r in renditions)]:
+        if job_id is None or str(job_id) in stopped:
+            continue  # a format's job already cancelled with the processing job
+        try:
+            outcome = cancel(job_id, by=by)
+        except (AlreadyFinished, Job.DoesNotExist):
+            continue
+        stopped += [*outcome.cancelled, *outcome.requested]
+    if not stopped:
+        return []
+    video.mark_cancelled()
+    for rendition in renditions:
+        if str(rendition.job_id) in stopped:
+            rendition.mark_cancelled()
+    logger.info("Video %s cancelled (%s jobs)", video.id, len(stopped))
+    return stopped
+
+
+def video_cancelled(*, video_id: str) -> None:
+    """The processing job (or the settling job) was cancelled: the video and every format not
+    written yet are cancelled."""
+    video = Video.objects.filter(pk=video_id).first()
+    if video is None:
+        return
+    for rendition in video.renditions.all():
+        rendition.mark_cancelled()
+    video.mark_cancelled()
+
+
+def rendition_cancelled(*, rendition_id: int) -> None:
+    """A format's transcode job was cancelled (waiting, or its run stopped): the rendition is
+    cancelled, a partial file its ffmpeg left is removed, and the video is cancelled too (it
+    can no longer become ready)."""
+    rendition = Rendition.objects.select_related("video").filter(pk=rendition_id).first()
+    if rendition is None:
+        return
+    folder = media_path(rendition.video.folder) / "renditions"
+    for partial in folder.glob(f".{rendition.format}.*.part"):
+        partial.unlink(missing_ok=True)
+    rendition.mark_cancelled()
+    rendition.video.mark_cancelled()

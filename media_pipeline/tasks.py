@@ -4,7 +4,9 @@ video_process_job ──> chord( rendition_transcode_job x formats ) ──> vid
                                          └─ a format gave up ──> video_finish_job (errback)
 
 Thin: each unpacks ids and calls media_pipeline.services (which never import this); each
-keeps the Celery name it was registered under.
+keeps the Celery name it was registered under. Cancelling the processing job cancels the
+transcodes it started and their settling job (jobs.cancel follows Job.parent); each job's
+on_cancelled hook marks its rows cancelled.
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ def _transcode_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
     services.rendition_give_up(rendition_id=rendition_id, error=_reason(exc))
 
 
+def _video_cancelled(args: tuple, kwargs: dict) -> None:
+    services.video_cancelled(video_id=str(kwargs.get("video_id") or args[0]))
+
+
+def _rendition_cancelled(args: tuple, kwargs: dict) -> None:
+    services.rendition_cancelled(rendition_id=int(kwargs.get("rendition_id") or args[0]))
+
+
 @job(
     name="media_pipeline.video_process",
     queue="media",
@@ -49,6 +59,7 @@ def _transcode_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
     time_limit=PROCESS_TIME_LIMIT,
     retry=RetryPolicy(max_attempts=2, base_delay=10, max_delay=60),
     on_dead=_process_gave_up,
+    on_cancelled=_video_cancelled,
 )
 def video_process_job(self: Any, video_id: str) -> dict[str, Any]:
     """Probe the upload (not a video: dead letter at once), then start one job per format."""
@@ -77,6 +88,11 @@ def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Sig
     return chord(header, video_finish_job.si(video_id)).on_error(video_finish_job.si(video_id))
 
 
+# cancel="terminate": a cancel kills the pool process and, with it, ffmpeg (the worker kills the
+# process's children first, and ffmpeg runs with PR_SET_PDEATHSIG, media_pipeline.ffmpeg). A
+# cooperative stop at the next progress line would wait on ffmpeg, which writes none while
+# +faststart rewrites a long file to move its index to the front, nor while its input stalls;
+# the job would sit blocked on the pipe. The hook removes the partial file ffmpeg left.
 @job(
     name="media_pipeline.rendition_transcode",
     queue="media",
@@ -84,6 +100,8 @@ def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Sig
     time_limit=TRANSCODE_TIME_LIMIT,
     retry=RetryPolicy(max_attempts=2, base_delay=30, max_delay=300),
     on_dead=_transcode_gave_up,
+    cancel="terminate",
+    on_cancelled=_rendition_cancelled,
 )
 def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
     """Transcode one format with ffmpeg, reporting its progress."""
@@ -98,7 +116,12 @@ def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
     return {"format": rendition.format, "size_bytes": rendition.size_bytes}
 
 
-@job(name="media_pipeline.video_finish", queue="media", time_limit=120)
+@job(
+    name="media_pipeline.video_finish",
+    queue="media",
+    time_limit=120,
+    on_cancelled=_video_cancelled,
+)
 def video_finish_job(video_id: str) -> str:
     """Mark the video ready, or failed naming the failed formats; returns its status."""
     return services.video_finish(video_id=video_id).status

@@ -8,6 +8,7 @@ app_name = "media_pipeline"
 urlpatterns = [
     path("", views.video_list, name="video_list"),
     path("<uuid:video_id>/", views.video_detail, name="video_detail"),
+    path("<uuid:video_id>/cancel", views.video_cancel, name="video_cancel"),
     path(
         "<uuid:video_id>/renditions/<str:format>/",
         views.rendition_download,

@@ -24,7 +24,7 @@ from django.urls import reverse
 from django.utils.cache import patch_cache_control
 from django.utils.http import content_disposition_header
 from django.views.decorators.csrf import csrf_exempt, csrf_protect
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from web.uploads import UploadCheck, limit_upload, upload_limit_message
 
@@ -111,6 +111,19 @@ def video_detail(request: HttpRequest, video_id: uuid.UUID) -> HttpResponse:
         "status_url": reverse("api-1:video_status", kwargs={"video_id": str(video.id)}),
     }
     return render(request, "media_pipeline/video_detail.html", context)
+
+
+@login_required
+@require_POST
+def video_cancel(request: HttpRequest, video_id: uuid.UUID) -> HttpResponse:
+    """The Cancel button of a video being processed (its owner or staff): its jobs are
+    cancelled, ffmpeg is stopped, formats written before stay."""
+    video = get_object_or_404(Video.objects.visible_to(request.user), pk=video_id)
+    if services.video_cancel(video=video, by=request.user):
+        messages.success(request, "Cancelled: no further formats are transcoded.")
+    else:
+        messages.info(request, f"The video already finished: it is {video.status}.")
+    return redirect("media_pipeline:video_detail", video_id=video.id)
 
 
 @login_required
