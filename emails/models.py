@@ -18,7 +18,8 @@ class EmailStatus(models.TextChoices):
     """Where a message is on its way out.
 
     queued -> sending -> sent; queued/sending -> queued (deferred: retried), -> failed (refused,
-    or the job gave up); sending -> unconfirmed (the body may have arrived: never resent).
+    or the job gave up); sending -> unconfirmed (the body may have arrived: never resent);
+    queued -> cancelled (its send job was cancelled before the body went out).
     """
 
     QUEUED = "queued", "Queued"  # accepted, the send job waits (or waits for its next attempt)
@@ -26,10 +27,16 @@ class EmailStatus(models.TextChoices):
     SENT = "sent", "Sent"  # the server accepted it (250); never sent again
     FAILED = "failed", "Failed"  # refused for good, or the send job gave up retrying
     UNCONFIRMED = "unconfirmed", "Unconfirmed"  # a worker died mid-send: not resent automatically
+    CANCELLED = "cancelled", "Cancelled"  # its send job was cancelled; it never went out
 
 
 # A message in one of these will not move again on its own: its recipient is no longer pending.
-FINISHED_EMAIL_STATUSES = (EmailStatus.SENT, EmailStatus.FAILED, EmailStatus.UNCONFIRMED)
+FINISHED_EMAIL_STATUSES = (
+    EmailStatus.SENT,
+    EmailStatus.FAILED,
+    EmailStatus.UNCONFIRMED,
+    EmailStatus.CANCELLED,
+)
 
 
 def _move(row: models.Model, sources: Collection[str], **changes: object) -> bool:
@@ -70,7 +77,7 @@ class EmailMessage(models.Model):
         max_length=16,
         choices=EmailStatus.choices,
         default=EmailStatus.QUEUED,
-        help_text="Queued, sending, sent, failed or unconfirmed.",
+        help_text="Queued, sending, sent, failed, unconfirmed or cancelled.",
     )
     attempts = models.PositiveIntegerField("attempts", default=0, help_text="Send attempts made.")
     provider_message_id = models.CharField(
@@ -163,13 +170,20 @@ class EmailMessage(models.Model):
         """queued -> failed: the send job gave up (sent and unconfirmed messages stay)."""
         return _move(self, [EmailStatus.QUEUED], status=EmailStatus.FAILED, error=error)
 
+    def mark_cancelled(self) -> bool:
+        """queued -> cancelled: its send job was cancelled before the body went out (a sent,
+        sending or unconfirmed message stays as it is)."""
+        return _move(self, [EmailStatus.QUEUED], status=EmailStatus.CANCELLED)
+
 
 class CampaignStatus(models.TextChoices):
-    """Where a campaign is: draft -> sending (started) -> done (no recipient pending)."""
+    """Where a campaign is: draft -> sending (started) -> done (no recipient pending), or
+    sending -> cancelled (stopped: recipients sent stay sent, the pending ones are cancelled)."""
 
     DRAFT = "draft", "Draft"  # recipients may still be added; not started
     SENDING = "sending", "Sending"  # started: the fan-out job queues one message per recipient
     DONE = "done", "Done"  # every recipient sent or failed (marked by the send job)
+    CANCELLED = "cancelled", "Cancelled"  # stopped before every recipient was sent
 
 
 class Campaign(models.Model):
@@ -197,7 +211,7 @@ class Campaign(models.Model):
         max_length=16,
         choices=CampaignStatus.choices,
         default=CampaignStatus.DRAFT,
-        help_text="Draft, sending or done.",
+        help_text="Draft, sending, done or cancelled.",
     )
     job_id = models.UUIDField("fan-out job", null=True, blank=True, help_text="The fan-out job.")
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Created.")
@@ -223,8 +237,14 @@ class Campaign(models.Model):
             job_id=job_id,
         )
 
+    def mark_cancelled(self) -> bool:
+        """sending -> cancelled: someone cancelled it; no more messages are fanned out or sent
+        (those already sent stay sent)."""
+        return _move(self, [CampaignStatus.SENDING], status=CampaignStatus.CANCELLED)
+
     def mark_done(self) -> bool:
-        """sending -> done, once no recipient is pending (every message sent or failed).
+        """sending -> done, once no recipient is pending (every message sent, failed or
+        cancelled).
 
         The send job calls it after each campaign message's outcome: one guarded UPDATE whose
         EXISTS stops at the first pending recipient, so it is cheap until the very end.
@@ -252,14 +272,23 @@ class Campaign(models.Model):
         return self.status
 
     def summary(self) -> dict[str, int]:
-        """Recipients by outcome: sent, failed, pending (not yet sent or failed), total."""
+        """Recipients by outcome: sent, failed, cancelled, pending (none of those yet), total."""
         counts = dict(
             self.recipients.values_list("email_message__status").annotate(n=Count("id")).order_by()
         )
         sent = counts.get(EmailStatus.SENT, 0)
         failed = counts.get(EmailStatus.FAILED, 0) + counts.get(EmailStatus.UNCONFIRMED, 0)
+        cancelled = counts.get(EmailStatus.CANCELLED, 0)
         total = sum(counts.values())
-        return {"total": total, "sent": sent, "failed": failed, "pending": total - sent - failed}
+        if self.status == CampaignStatus.CANCELLED:
+            cancelled = total - sent - failed  # nothing pending: the rest never goes out
+        return {
+            "total": total,
+            "sent": sent,
+            "failed": failed,
+            "cancelled": cancelled,
+            "pending": total - sent - failed - cancelled,
+        }
 
 
 class CampaignRecipient(models.Model):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import logging
 import smtplib
@@ -18,7 +19,17 @@ from django.db import transaction
 from django.template import TemplateDoesNotExist
 from django.template.loader import get_template, render_to_string
 
-from jobs import BacklotError, Permanent, Retryable, enqueue_many, json_problem, mask_text
+from jobs import (
+    AlreadyFinished,
+    BacklotError,
+    Permanent,
+    Retryable,
+    cancel,
+    enqueue_many,
+    json_problem,
+    mask_text,
+)
+from jobs.models import Job
 
 from .models import (
     Campaign,
@@ -158,13 +169,16 @@ def _reply_text(code: int, reply: bytes | str) -> str:
     return mask_text(f"{code} {text}")[:500]
 
 
-def email_deliver(*, email_id: int) -> str:
+def email_deliver(*, email_id: int, before_data: Callable[[], None] | None = None) -> str:
     """Send one message unless it was sent (or may have been): the effect happens once.
 
     Transient failures (refused connection, timeout, SMTP 4xx) raise Retryable and leave the
     message queued; a refused recipient (5xx) raises Permanent. A message found "sending" was
     being sent by a worker that died after the server took the envelope: it may have arrived,
     so it becomes "unconfirmed" and goes to the dead letters instead of out again.
+    `before_data` is called once the server took the envelope, before the body goes out; what
+    it raises (the job's progress call: JobCancelled) aborts the send with the message queued.
+    A cancelled message is not sent.
     """
     with transaction.atomic():
         message = EmailMessage.objects.select_for_update().get(pk=email_id)
@@ -183,12 +197,17 @@ def email_deliver(*, email_id: int) -> str:
         )
     if message.status == EmailStatus.FAILED:
         raise Permanent(f"Email {email_id} failed for good: {message.error}")
+    if message.status == EmailStatus.CANCELLED:
+        logger.info("Email %s was cancelled; not sending it", email_id)
+        return ""
 
     connection = get_connection(fail_silently=False)
     data_started = False
 
     def mark_sending() -> None:
         nonlocal data_started
+        if before_data is not None:
+            before_data()
         data_started = True
         message.mark_sending()
 
@@ -242,6 +261,14 @@ def email_mark_failed(*, email_id: int, reason: str) -> None:
     message = EmailMessage.objects.filter(pk=email_id).first()
     if message is not None:
         message.mark_failed(error=mask_text(reason)[:2000])
+        _campaign_settle(message)
+
+
+def email_cancelled(*, email_id: int) -> None:
+    """The send job was cancelled: a message not yet out is cancelled (a sent one stays sent)
+    and its campaign settled."""
+    message = EmailMessage.objects.filter(pk=email_id).first()
+    if message is not None and message.mark_cancelled():
         _campaign_settle(message)
 
 
@@ -325,6 +352,12 @@ def campaign_fan_out_run(
     fanned = total - pending.count()
     while True:
         with transaction.atomic():
+            # The campaign's row lock: campaign_cancel waits for a chunk being fanned out, and
+            # once it is cancelled no further chunk starts.
+            locked = Campaign.objects.select_for_update().filter(pk=campaign_id)
+            if list(locked.values_list("status", flat=True)) == [CampaignStatus.CANCELLED]:
+                logger.info("Campaign %s is cancelled; fan-out stops", campaign_id)
+                break
             chunk = list(pending.select_for_update(skip_locked=True).order_by("pk")[:CHUNK])
             if not chunk:
                 break
@@ -356,6 +389,55 @@ def campaign_fan_out_run(
         if progress:
             progress(fanned, total, f"{fanned} of {total} recipients queued")
     return fanned
+
+
+def campaign_cancel(*, campaign: Campaign, by: Any = None) -> int:
+    """Stop a sending campaign: no more messages are fanned out or sent; those sent stay sent.
+
+    The campaign is cancelled first (under its row lock, so a chunk being fanned out commits
+    before and no later chunk starts), then its fan-out job is cancelled with the send jobs it
+    queued, then the send job of every message still queued (the fan-out job may have finished
+    long ago). Each send job's on_cancelled hook marks its message cancelled; a send job already
+    talking to the server stops before the body goes out. Returns the number of send jobs
+    cancelled or asked to stop; EmailError when the campaign is not sending.
+    """
+    if not campaign.mark_cancelled():
+        campaign.refresh_from_db(fields=["status"])
+        raise EmailError(f"Campaign {campaign.pk} is {campaign.status}, not sending")
+    if campaign.job_id is not None:
+        # Finished: it fanned out already, and its send jobs are cancelled one by one below.
+        with contextlib.suppress(AlreadyFinished, Job.DoesNotExist):
+            cancel(campaign.job_id, by=by)
+    stopped = _campaign_cancel_pending(campaign, by=by)
+    logger.info("Campaign %s cancelled; %s send jobs stopped", campaign.pk, stopped)
+    return stopped
+
+
+def campaign_cancelled(*, campaign_id: int) -> None:
+    """The fan-out job was cancelled (by campaign_cancel, the jobs API or admin): the campaign
+    is cancelled, with every message still queued."""
+    campaign = Campaign.objects.filter(pk=campaign_id).first()
+    if campaign is not None:
+        campaign.mark_cancelled()
+        _campaign_cancel_pending(campaign, by=None)
+
+
+def _campaign_cancel_pending(campaign: Campaign, *, by: Any) -> int:
+    """Cancel the send job of each of the campaign's messages still queued."""
+    stopped = 0
+    queued = EmailMessage.objects.filter(
+        recipient__campaign=campaign, status=EmailStatus.QUEUED, job_id__isnull=False
+    )
+    for message in queued.only("pk", "job_id", "status").iterator(chunk_size=CHUNK):
+        try:
+            cancel(message.job_id, by=by)
+            stopped += 1
+        except AlreadyFinished as exc:
+            if exc.state == "cancelled":
+                message.mark_cancelled()  # its hook did not get to say so
+        except Job.DoesNotExist:
+            pass
+    return stopped
 
 
 # --- CSV import -------------------------------------------------------------------------

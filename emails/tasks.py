@@ -1,7 +1,8 @@
 """Email jobs: thin wrappers that unpack ids and call emails.services (which never import this).
 
 Each `<thing>_job` keeps the Celery name it was registered under, so messages already in a
-queue, dead letters and the ledger's task names still find it.
+queue, dead letters and the ledger's task names still find it. Cancelling a campaign's fan-out
+job cancels the send jobs it queued; each job's on_cancelled hook marks its rows cancelled.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 
-from jobs import RetryPolicy, job
+from jobs import JobCancelled, RetryPolicy, job
 
 from . import services
 
@@ -24,17 +25,33 @@ def _email_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
     services.email_mark_failed(email_id=args[0], reason=f"{type(exc).__name__}: {exc}")
 
 
+def _email_cancelled(args: tuple, kwargs: dict) -> None:
+    services.email_cancelled(email_id=int(kwargs.get("email_id") or args[0]))
+
+
+def _campaign_cancelled(args: tuple, kwargs: dict) -> None:
+    services.campaign_cancelled(campaign_id=int(kwargs.get("campaign_id") or args[0]))
+
+
 @job(
     name="emails.send",
     queue="emails",
+    bind=True,
     retry=RetryPolicy(max_attempts=6, base_delay=5, factor=3, max_delay=900),
     time_limit=120,
     rate_limit=settings.EMAIL_RATE_LIMIT,
     rate_key=_provider,
     on_dead=_email_gave_up,
+    on_cancelled=_email_cancelled,
 )
-def email_send_job(email_id: int) -> str:
-    return services.email_deliver(email_id=email_id)
+def email_send_job(self: Any, email_id: int) -> str:
+    def stop_if_cancelled() -> None:
+        # Right before DATA: the server has the envelope, not the body, so a send cancelled
+        # while it waited on the server stops here and the message never goes out.
+        if self.cancelled():
+            raise JobCancelled(f"email {email_id} was cancelled before its body went out")
+
+    return services.email_deliver(email_id=email_id, before_data=stop_if_cancelled)
 
 
 @job(
@@ -43,6 +60,7 @@ def email_send_job(email_id: int) -> str:
     bind=True,
     time_limit=3600,
     retry=RetryPolicy(max_attempts=3, base_delay=10),
+    on_cancelled=_campaign_cancelled,
 )
 def campaign_fan_out_job(self: Any, campaign_id: int) -> int:
     return services.campaign_fan_out_run(

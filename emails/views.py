@@ -8,6 +8,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
 from jobs import InvalidPayload
@@ -120,6 +121,29 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
             "summary": campaign.summary(),
         },
     )
+
+
+@login_required
+@require_POST
+def campaign_cancel(request: HttpRequest, campaign_id: int) -> HttpResponse:
+    """The Cancel button of a sending campaign (its owner or staff): no more messages go out;
+    those sent stay sent."""
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.user), pk=campaign_id)
+    try:
+        stopped = services.campaign_cancel(campaign=campaign, by=request.user)
+    except services.EmailError:
+        messages.info(request, f"The campaign already finished: it is {campaign.status}.")
+    else:
+        messages.success(
+            request,
+            ngettext(
+                "Campaign cancelled; %(n)d message will not go out.",
+                "Campaign cancelled; %(n)d messages will not go out.",
+                stopped,
+            )
+            % {"n": stopped},
+        )
+    return redirect("emails:campaign", campaign_id=campaign.pk)
 
 
 @login_required

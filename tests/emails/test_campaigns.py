@@ -52,7 +52,13 @@ def test_campaign_fans_out_one_job_per_recipient_and_reports_progress(
         what="every recipient to be sent",
     )
     assert summary["status"] == "done"
-    assert summary["summary"] == {"total": 40, "sent": 40, "failed": 0, "pending": 0}
+    assert summary["summary"] == {
+        "total": 40,
+        "sent": 40,
+        "failed": 0,
+        "cancelled": 0,
+        "pending": 0,
+    }
     assert len(mailbox.received()) == 40
     assert sorted(m["To"] for m in mailbox.received())[:2] == [
         "person0@example.com",
@@ -83,7 +89,7 @@ def test_campaign_counts_refused_recipients_as_failed(worker, mailbox, admin_use
     wait_until(
         lambda: campaign.summary()["pending"] == 0, timeout=60, what="the campaign to finish"
     )
-    assert campaign.summary() == {"total": 2, "sent": 1, "failed": 1, "pending": 0}
+    assert campaign.summary() == {"total": 2, "sent": 1, "failed": 1, "cancelled": 0, "pending": 0}
 
 
 def csv_upload(rows: list[list[str]]) -> io.BytesIO:
@@ -246,4 +252,4 @@ def test_the_last_outcome_marks_the_campaign_done(db, admin_user):
     services.email_mark_failed(email_id=second.pk, reason="gave up")
     campaign.refresh_from_db()
     assert campaign.status == CampaignStatus.DONE
-    assert campaign.summary() == {"total": 2, "sent": 0, "failed": 2, "pending": 0}
+    assert campaign.summary() == {"total": 2, "sent": 0, "failed": 2, "cancelled": 0, "pending": 0}
