@@ -17,7 +17,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 
 from emails.services import email_queue
-from jobs import Permanent, effect_once
+from jobs import AlreadyFinished, Cancellation, Permanent, cancel, effect_once
 from jobs.models import Job
 
 from . import conf
@@ -117,6 +117,9 @@ def report_render(
     ):
         logger.info("Report %s is already rendered; nothing to do", report_id)
         return _render_summary(report)
+    if report.status == ReportStatus.CANCELLED:
+        logger.info("Report %s was cancelled; not rendered", report_id)
+        return _render_summary(report)
     spec = kind_spec(report.kind)
     try:
         params = params_parse(report.kind, report.params)
@@ -177,6 +180,30 @@ def report_render_failed(*, report_id: int, error: str) -> None:
     report = Report.objects.filter(pk=report_id).first()
     if report is not None:
         report.mark_failed(error=error)
+
+
+def report_cancel(*, report: Report, by: Any = None) -> Cancellation:
+    """Cancel a report's render job (and the email step chained to it, which never starts):
+    a waiting one is cancelled at once, a rendering one stops at its next step. The job's hook
+    (report_cancelled) marks the report. AlreadyFinished when the report has settled."""
+    if report.is_final or report.job_id is None:
+        raise AlreadyFinished(str(report.job_id or ""), report.status)
+    try:
+        return cancel(report.job_id, by=by)
+    except Job.DoesNotExist:
+        raise AlreadyFinished(str(report.job_id), report.status) from None
+
+
+def report_cancelled(*, report_id: int) -> None:
+    """The render job was cancelled: the report is cancelled, and a PDF the stopped run may
+    have stored under the report's name is removed (nothing links to it)."""
+    report = Report.objects.filter(pk=report_id).first()
+    if report is None or not report.mark_cancelled():
+        return
+    created = report.created_at
+    name = pdf_file_name(token=report.uid, year=created.year, month=created.month)
+    if default_storage.exists(name):
+        default_storage.delete(name)
 
 
 def _recipient_key(report: Report, address: str) -> str:

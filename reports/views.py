@@ -9,6 +9,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods
 
+from jobs import AlreadyFinished
+
 from . import services
 from .forms import ReportRequestForm
 from .models import Report, ReportOrigin
@@ -51,3 +53,20 @@ def report_page(request: HttpRequest, report_id: int) -> HttpResponse:
         "reports/detail.html",
         {"report": report, "status": services.report_status(report=report)},
     )
+
+
+@login_required
+@require_http_methods(["POST"])
+def report_cancel(request: HttpRequest, report_id: int) -> HttpResponse:
+    """The Cancel button of a queued or rendering report (its owner or staff)."""
+    report = get_object_or_404(Report.objects.visible_to(request.user), pk=report_id)
+    try:
+        outcome = services.report_cancel(report=report, by=request.user)
+    except AlreadyFinished:
+        messages.info(request, f"Report #{report.pk} already finished: it is {report.status}.")
+    else:
+        if outcome.requested:
+            messages.success(request, f"Report #{report.pk} is stopping at its next step.")
+        else:
+            messages.success(request, f"Report #{report.pk} is cancelled.")
+    return redirect("reports:detail", report_id=report.pk)

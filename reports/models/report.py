@@ -24,7 +24,8 @@ class ReportKind(models.TextChoices):
 
 
 class ReportStatus(models.TextChoices):
-    """Where a report is in its life: queued -> rendering -> ready, or -> failed (given up).
+    """Where a report is in its life: queued -> rendering -> ready, or -> failed (given up),
+    or queued/rendering -> cancelled (its render job was cancelled; nothing is stored).
 
     A failed report renders again when its job is replayed; a ready one whose PDF is gone too.
     """
@@ -33,6 +34,7 @@ class ReportStatus(models.TextChoices):
     RENDERING = "rendering", "Rendering"  # a worker computes the figures and lays out the PDF
     READY = "ready", "Ready"  # the PDF is stored and can be downloaded
     FAILED = "failed", "Failed"  # the render job gave up (see `error`); replaying it renders again
+    CANCELLED = "cancelled", "Cancelled"  # its render job was cancelled; no PDF, not emailed
 
 
 class ReportOrigin(models.TextChoices):
@@ -43,7 +45,7 @@ class ReportOrigin(models.TextChoices):
     SCHEDULE = "schedule", "Schedule"  # celery beat, through reports.schedules
 
 
-FINAL_STATUSES = (ReportStatus.READY, ReportStatus.FAILED)
+FINAL_STATUSES = (ReportStatus.READY, ReportStatus.FAILED, ReportStatus.CANCELLED)
 
 
 class ReportQuerySet(OwnedQuerySet["Report"]):
@@ -109,7 +111,7 @@ class Report(models.Model):
         max_length=16,
         choices=ReportStatus.choices,
         default=ReportStatus.QUEUED,
-        help_text="Queued, rendering, ready or failed.",
+        help_text="Queued, rendering, ready, failed or cancelled.",
     )
     email_to = models.JSONField(
         "email to",
@@ -265,6 +267,16 @@ class Report(models.Model):
             [ReportStatus.QUEUED, ReportStatus.RENDERING, ReportStatus.FAILED],
             status=ReportStatus.FAILED,
             error=error[:2000],
+            finished_at=timezone.now(),
+        )
+
+    def mark_cancelled(self) -> bool:
+        """queued/rendering -> cancelled: its render job was cancelled (a ready or failed report
+        stays as it is)."""
+        return _move(
+            self,
+            [ReportStatus.QUEUED, ReportStatus.RENDERING],
+            status=ReportStatus.CANCELLED,
             finished_at=timezone.now(),
         )
 
