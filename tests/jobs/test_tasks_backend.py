@@ -386,3 +386,16 @@ def test_enqueue_in_a_transaction_is_sent_when_it_commits(worker, unique):
 
     settled(result)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "committed"
+
+
+def test_a_cancelled_standard_task_is_failed_with_the_cancellation_in_its_errors(db):
+    from jobs import cancel
+
+    result = std_tasks.add.enqueue(1, 2)  # in a test transaction: never published, never runs
+
+    cancel(result.id)
+
+    fetched = std_tasks.add.get_result(result.id)
+    assert fetched.status == TaskResultStatus.FAILED
+    assert fetched.errors[-1].exception_class_path == "jobs.exceptions.JobCancelled"
+    assert "was cancelled" in fetched.errors[-1].traceback
