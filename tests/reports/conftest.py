@@ -20,12 +20,16 @@ from tests.conftest import Worker, wait_until
 RECIPIENTS = "ops@example.com,cto@example.com"
 
 
-@pytest.fixture(scope="session")
-def reports_worker(start_worker: Callable[..., Worker]) -> Worker:
-    """The session worker leaves `reports` alone; this one takes it (and `emails`: the chain)."""
-    return start_worker(
+@pytest.fixture(scope="package")
+def reports_worker(start_worker: Callable[..., Worker]) -> Iterator[Worker]:
+    """The session worker leaves `reports` alone; this one takes it (and `emails`: the chain)
+    while tests/reports run, and stops after them: later tests count on nothing consuming
+    `reports` but their own workers."""
+    worker = start_worker(
         "reports", queues="reports,emails", concurrency=2, BACKLOT_REPORT_RECIPIENTS=RECIPIENTS
     )
+    yield worker
+    worker.stop()
 
 
 @pytest.fixture
