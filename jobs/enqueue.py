@@ -109,6 +109,18 @@ def _lineage(owner: Any, detached: bool) -> dict[str, Any]:
     }
 
 
+def _born_cancelled(job: Job, now: datetime) -> bool:
+    """A job enqueued by a job that is cancelled or asked to stop (a chord's callback sent
+    after its cancelled member, a child enqueued before the run saw its request) is cancelled
+    at birth: written as cancelled, never published."""
+    if job.parent_id is None or not Job.objects.stopping().filter(id=job.parent_id).exists():
+        return False
+    job.state = JobState.CANCELLED
+    job.cancel_requested_at = job.finished_at = now
+    job.scheduled_for = None
+    return True
+
+
 def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
     if on_commit:
         transaction.on_commit(send)
@@ -189,6 +201,9 @@ def enqueue(
         if idempotency_key:
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
         _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
+        return JobHandle(id=str(job.id), task_name=task.name)
+    if _born_cancelled(job, now):
+        ledger.insert(job)
         return JobHandle(id=str(job.id), task_name=task.name)
 
     if idempotency_key:
@@ -295,6 +310,9 @@ def enqueue_many(
             enqueued_at=timezone.now(),
             trace_context=carrier,
         )
+        if _born_cancelled(prototype, prototype.enqueued_at):
+            ledger.insert_many(prototype=prototype, rows=rows)
+            return [str(row.id) for row in rows]
         ledger.insert_many(prototype=prototype, rows=rows)
 
     def publish() -> None:

@@ -34,6 +34,10 @@ class JobQuerySet(OwnedQuerySet["Job"]):
     def for_task(self, name: str) -> JobQuerySet:
         return self.filter(task_name=name)
 
+    def stopping(self) -> JobQuerySet:
+        """Jobs that are cancelled, or running under a cancellation request."""
+        return self.filter(Q(state=JobState.CANCELLED) | Q(cancel_requested_at__isnull=False))
+
     def due(self, now: datetime | None = None) -> JobQuerySet:
         """Scheduled or retrying jobs held in the ledger whose time has come."""
         return self.filter(

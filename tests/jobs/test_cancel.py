@@ -13,7 +13,9 @@ from django.contrib.auth.models import Permission
 from django.core.management import call_command
 
 from config.celery import app as celery_app
-from jobs import AlreadyFinished, JobHandle, cancel
+from jobs import AlreadyFinished, JobHandle, cancel, enqueue_many
+from jobs.broker import queue_keys
+from jobs.context import running
 from jobs.models import AuditEntry, DeadLetter, Job, JobState
 from jobs.redis import redis_client
 from jobs.relay import job_relay
@@ -178,3 +180,22 @@ def test_the_job_page_cancel_button(transactional_db, clean_redis, client, djang
         "already finished" in client.post(f"/jobs/{handle.id}/cancel", follow=True).content.decode()
     )
     assert AuditEntry.objects.filter(action="cancel-page", user=owner).count() == 1
+
+
+def test_a_job_enqueued_by_a_cancelled_job_is_born_cancelled(transactional_db, clean_redis):
+    # given a running job that was asked to stop (a chord member whose callback comes next)
+    parent = tasks.prioritized.enqueue("born", "parent")
+    Job.objects.filter(id=parent.id).update(state=JobState.RUNNING, attempts=1)
+    cancel(parent.id)
+
+    # when it enqueues a child, one at a time and in bulk
+    with running(parent.id, None):
+        child = tasks.prioritized.enqueue("born", "child")
+        bulk = enqueue_many(tasks.prioritized, [(("born", "bulk"), {})])
+
+    # then the children are written cancelled and never published
+    for job_id in (child.id, *bulk):
+        job = Job.objects.get(id=job_id)
+        assert job.state == JobState.CANCELLED and str(job.parent_id) == parent.id
+        assert job.published_at is None
+    assert sum(redis_client().llen(key) for key in queue_keys("reports")) == 1  # the parent's
