@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from jobs.models import Job
 from jobs.relay import job_relay
 from jobs.states import JobState
-from tests.conftest import ROOT, wait_until
+from tests.conftest import LOG_DIR, ROOT, wait_until
 from tests.support import tasks  # noqa: F401  (the relay here publishes tests.record)
 
 
@@ -136,18 +136,22 @@ def free_port() -> int:
 @contextmanager
 def web_process(env: dict[str, str]) -> Iterator[str]:
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.system.tracing_app", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"tracing-web-{port}.log"
+    # Its output goes to a file: an unread pipe fills up and blocks the process's writes.
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.system.tracing_app", str(port)],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
 
         def up() -> bool:
             if process.poll() is not None:
-                raise AssertionError(f"web process exited: {process.stdout.read()!r}")  # type: ignore[union-attr]
+                raise AssertionError(f"web process exited: {log_path.read_text()[-3000:]}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                     return True
@@ -158,7 +162,11 @@ def web_process(env: dict[str, str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
-        process.wait(timeout=10)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()  # it did not stop on SIGTERM: its spans were exported already
+            process.wait(timeout=10)
 
 
 def post(url: str) -> dict[str, Any]:
