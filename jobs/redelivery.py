@@ -1,0 +1,108 @@
+"""Re-sending a job's message under the same id: for a retry that the broker holds as a
+countdown, and for a job that waits its turn of a cluster-wide rate limit (no attempt spent).
+Also the Runnable protocol the worker's run needs of its task, and what its delivery says."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from celery.exceptions import Reject
+from django.utils import timezone
+
+from . import events, tracing
+from .broker import backlot_priority
+from .conf import backlot_settings
+from .enqueue import Enqueueable, publish_job
+from .models import Job
+from .ratelimit import RateLimiter
+
+logger = logging.getLogger(__name__)
+
+# Message options a re-sent job does not inherit from the delivery it replaces. Its time limits
+# it does inherit: a per-call time_limit/soft_time_limit holds for every attempt.
+NOT_CARRIED = frozenset({"task_id", "headers", "retries", "expires"})
+
+
+class Runnable(Enqueueable, Protocol):
+    """What a run needs of its task (PlatformTask has it)."""
+
+    cluster_rate_limit: str | Mapping[str, str] | None
+    on_dead: Callable[[BaseException, tuple, dict], None] | None
+    on_cancelled: Callable[[tuple, dict], None] | None
+
+    @property
+    def request(self) -> Any: ...
+
+    def run(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def rate_bucket(self, args: tuple, kwargs: dict) -> tuple[str, str | None]: ...
+
+
+def request_priority(task: Runnable) -> int:
+    broker = (task.request.delivery_info or {}).get("priority")
+    return backlot_priority(broker) if isinstance(broker, int) else task.default_priority
+
+
+def request_queue(task: Runnable) -> str:
+    return (task.request.delivery_info or {}).get("routing_key") or task.queue_name
+
+
+def resend(
+    task: Runnable,
+    args: tuple,
+    kwargs: dict,
+    due: datetime | None,
+    options: dict[str, Any],
+    mark_published: bool = True,
+) -> bool:
+    """Publish this job's message again (same id) for `due`; the relay covers a failure.
+
+    Canvas links (chain, chord, group, callbacks) ride along, so a retried chord member still
+    counts toward its chord.
+    """
+    carried = {
+        key: value
+        for key, value in task.request.as_execution_options().items()
+        if value is not None and key not in NOT_CARRIED
+    }
+    job = Job(
+        id=task.request.id,
+        args=list(args),
+        kwargs=dict(kwargs),
+        queue=request_queue(task),
+        priority=request_priority(task),
+        scheduled_for=due,
+        trace_context=tracing.message_context(task.request),  # each attempt in the same trace
+    )
+    return publish_job(
+        job=job, task=task, options={**carried, **options}, mark_published=mark_published
+    )
+
+
+def take_rate_slot(task: Runnable, args: tuple, kwargs: dict) -> bool:
+    """True when the job may run now; otherwise it is re-sent for its turn (no attempt)."""
+    request = task.request
+    slot = getattr(request, "backlot_rate_slot", None)
+    if slot is not None and slot <= time.time() + 0.05:
+        return True
+    bucket, rate = task.rate_bucket(args, kwargs)
+    if rate is None:
+        return True
+    decision = RateLimiter().acquire(bucket, rate)
+    if decision.allowed:
+        return True
+    headers = {"backlot_rate_slot": time.time() + decision.wait} if decision.reserved else {}
+    # An unreserved wait can be long ("1/h"): never park a message in Redis past the
+    # visibility timeout; it comes back, asks again and waits some more.
+    wait = min(decision.wait, backlot_settings().MAX_BROKER_COUNTDOWN)
+    due = timezone.now() + timedelta(seconds=wait)
+    retries = {"retries": request.retries or 0, "headers": headers}
+    if not resend(task, args, kwargs, due, retries, mark_published=False):
+        raise Reject("rate-limited job could not be re-sent", requeue=True)
+    events.send(events.job_rate_limited, task=task.name, job_id=request.id, wait=decision.wait)
+    logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
+    return False
