@@ -20,9 +20,16 @@ class ProgressThrottle:
         self.pending: tuple[int, int | None, str] | None = None
         self.timer: threading.Timer | None = None
         self.lock = threading.Lock()
+        # The run's cancel check, kept here so that progress() reads it without touching
+        # Celery's request (PlatformTask.progress sets both).
+        self.next_cancel_check = 0.0
+        self.cancel_seen = False
 
-    def report(self, done: int, total: int | None, message: str) -> None:
-        now = time.monotonic()
+    def report(
+        self, done: int, total: int | None, message: str, *, now: float | None = None
+    ) -> None:
+        if now is None:
+            now = time.monotonic()
         final = total is not None and done >= total
         with self.lock:
             if final or now - self.last_write >= self.interval:

@@ -207,15 +207,22 @@ class PlatformTask(Task[P, R]):
         request = self.request
         if not self.track or not request.id or request.called_directly:
             return
-        if self.cancelled():
-            raise JobCancelled(f"job {request.id} was cancelled")
         throttle = getattr(request, "_backlot_progress", None)
         if throttle is None:
             # Kept on Celery's per-request Context (which declares no such attribute).
             throttle = request._backlot_progress = ProgressThrottle(  # type: ignore[attr-defined]
                 request.id, backlot_settings().PROGRESS_INTERVAL
             )
-        throttle.report(done, total, message)
+        now = time.monotonic()
+        # A tight loop calls this ~a million times a second: the cancel check (attribute reads
+        # on Celery's request, and a ledger read per CANCEL_CHECK_INTERVAL) runs only when the
+        # throttle's own clock says the interval passed, not on every call.
+        if now >= throttle.next_cancel_check:
+            throttle.next_cancel_check = now + CANCEL_CHECK_INTERVAL
+            throttle.cancel_seen = self.cancelled()
+        if throttle.cancel_seen:
+            raise JobCancelled(f"job {request.id} was cancelled")
+        throttle.report(done, total, message, now=now)
 
     def cancelled(self) -> bool:
         """Whether someone asked this run to stop (jobs.cancel, the API, admin, a revoke).
