@@ -162,6 +162,15 @@ class Job(models.Model):
     lease_expires_at = models.DateTimeField(
         "lease expires", null=True, blank=True, help_text="A running claim is void after this."
     )
+    # The claim of the run holding the job (a new uuid per claim): every write of a run, and
+    # effect_once, matches it, so a run whose claim another run took over changes nothing.
+    lease_owner = models.UUIDField(
+        "lease owner",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="Token of the run holding the claim (new at every claim).",
+    )
     run_seconds = models.FloatField(
         "run time (s)", null=True, blank=True, help_text="Duration of the last run."
     )
