@@ -85,6 +85,23 @@ def check_queue(queue: str) -> str:
     return queue
 
 
+def check_arguments(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+    """Raise TypeError, naming the job, when the arguments do not fit its function's
+    signature; called before anything is written, so a mistyped call leaves no row behind.
+
+    Celery's own check (Task.typing, the task's ``__header__`` stub with the function's
+    signature) runs only inside apply_async, after the ledger row is written: that row would
+    fail every publish. A task declared typing=False (``@job(typing=False)``) is not checked.
+    """
+    header = getattr(task, "__header__", None)
+    if header is None or not getattr(task, "typing", True):
+        return
+    try:
+        header(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{task.name}: {exc}; nothing was enqueued") from None
+
+
 def _resolve_start(delay: float | None, eta: datetime | None, now: datetime) -> datetime | None:
     if delay is not None and eta is not None:
         raise ValueError("pass either delay or eta, not both")
@@ -174,6 +191,7 @@ def enqueue(
         )
     conf = backlot_settings()
     queue = check_queue(queue or task.queue_name)
+    check_arguments(task, args, kwargs)
     payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=conf.MAX_PAYLOAD_BYTES)
     priority = check_priority(task.default_priority if priority is None else priority)
     now = timezone.now()
@@ -287,7 +305,7 @@ def enqueue_many(
     publish, each chunk marked published once the broker took it. No idempotency keys here:
     the caller records which items it enqueued in the same transaction. Every payload is
     checked before anything is written, so a bad one fails the whole call and nothing is
-    half-accepted.
+    half-accepted (arguments are checked against the job's signature the same way).
     """
     priority = check_priority(task.default_priority if priority is None else priority)
     max_bytes = backlot_settings().MAX_PAYLOAD_BYTES
@@ -295,6 +313,7 @@ def enqueue_many(
     rows = []
     for (call_args, call_kwargs), link in zip(calls, links, strict=True):
         args, kwargs = list(call_args), dict(call_kwargs)
+        check_arguments(task, args, kwargs)
         payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
         rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
     queue = check_queue(queue or task.queue_name) if task.track else queue or task.queue_name

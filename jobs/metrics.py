@@ -16,7 +16,7 @@ from .models import DeadLetter
 from .monitoring import queue_stats, workers_online
 from .pausing import paused_queues
 from .redis import redis_client
-from .relay import LEASE_LAPSES
+from .relay import LEASE_LAPSES, unknown_tasks
 
 # When `manage.py jobs relay` last finished a sweep (a Unix time, expiring a minute after the
 # relay stops): jobs.management.commands.jobs.RELAY_HEARTBEAT, a layer this one may not import.
@@ -85,6 +85,14 @@ def _processes() -> Iterator[Any]:
         "Running jobs re-queued because their worker stopped renewing the lease.",
         value=int(client.get(LEASE_LAPSES) or 0),
     )
+    unknown = GaugeMetricFamily(
+        "backlot_jobs_unknown_task",
+        "Waiting jobs whose task no installed module defines (the relay leaves them).",
+        labels=["task"],
+    )
+    for name, waiting in sorted(unknown_tasks().items()):
+        unknown.add_metric([name], waiting)
+    yield unknown
     memory = client.info("memory")
     yield GaugeMetricFamily(
         "backlot_redis_memory_used_bytes", "Memory Redis uses.", value=memory["used_memory"]

@@ -18,6 +18,7 @@ from .conf import backlot_settings
 from .models import DeadLetter, Job, JobState
 from .pausing import paused_queues
 from .redis import redis_client
+from .relay import unknown_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -212,5 +213,11 @@ def health_report() -> tuple[str, dict[str, Any]]:
         problems.append(
             f"dead letters: {dead_last_hour} in the last hour > {limits.HEALTH_MAX_DEAD_PER_HOUR}"
         )
+    # Jobs no installed module defines wait forever (the relay reports them once, then skips
+    # them): a deploy that dropped or renamed a job, or a relay that does not load its app.
+    unknown_ok, unknown = _check(unknown_tasks)
+    checks["unknown_tasks"] = unknown if unknown_ok else {}
+    for name, waiting in sorted(checks["unknown_tasks"].items()):
+        problems.append(f"{waiting} job(s) wait for unknown task {name}: deploy it, or cancel them")
     checks["problems"] = problems
     return ("degraded" if problems else "healthy"), {"checks": checks}

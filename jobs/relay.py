@@ -10,16 +10,19 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from django.db import DatabaseError
+from django.db.models import Count
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import broker, ledger
+from . import broker, events, execution, ledger
 from .conf import backlot_settings
-from .enqueue import publish_job
+from .enqueue import check_arguments, publish_job
 from .exceptions import UnknownTask
 from .models import Job
 from .redis import redis_client
 from .registry import task_by_name
+from .states import WAITING_STATES
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +33,14 @@ RELAY_GRACE = timedelta(seconds=10)
 RELAY_LOST_AFTER = timedelta(seconds=30)
 # How many running jobs were re-queued because their lease lapsed (a count; read by /metrics).
 LEASE_LAPSES = "backlot:metrics:lease_lapses"
+# Waiting jobs per task name the relay found no job for (a hash, refreshed every sweep that saw
+# one and kept 2 minutes after; read by /health/ and /metrics).
+UNKNOWN_TASKS = "backlot:relay:unknown_tasks"
+UNKNOWN_TASKS_TTL = 120
+# Task names this process has no job for. Reported once each; their rows stay in the ledger and
+# later sweeps skip them (this process learns no new task before it restarts), so they never
+# crowd the outbox's `limit` out.
+_unknown_tasks: set[str] = set()
 
 
 def job_relay(*, limit: int = 500) -> int:
@@ -61,19 +72,106 @@ def job_relay(*, limit: int = 500) -> int:
             lost_after=RELAY_LOST_AFTER,
             queue=queue,
         )
+    skipped = sorted(_unknown_tasks)
     pending = list(
         Job.objects.unpublished()
         .filter(enqueued_at__lt=now - RELAY_GRACE)
+        .exclude(task_name__in=skipped)
         .order_by("enqueued_at")[:limit]
-    ) + list(Job.objects.due(now).order_by("scheduled_for")[:limit])
+    ) + list(Job.objects.due(now).exclude(task_name__in=skipped).order_by("scheduled_for")[:limit])
     sent = 0
     for job in pending:
-        try:
-            task = task_by_name(job.task_name)
-        except UnknownTask:
-            logger.error("Job %s names unknown task %s; left in the ledger", job.id, job.task_name)
-            continue
-        if not publish_job(job=job, task=task):
-            break
-        sent += 1
+        outcome = _publish_one(job)
+        if outcome is False:
+            break  # the broker is unavailable: the rest wait for the next sweep
+        sent += outcome is True
+    _report_unknown_tasks()
     return sent
+
+
+def _publish_one(job: Job) -> bool | None:
+    """Publish one row the relay holds back: True once sent, False when the broker is
+    unavailable (the row waits), None when the row itself cannot be sent.
+
+    A row cannot be sent when no job of its name is registered (reported once, left in the
+    ledger for a deploy that brings it back, or for an operator to cancel), or when publishing
+    it fails for a reason of its own: arguments that no longer fit the job's signature (a row
+    written before a deploy changed it), options Celery refuses. That row is dead-lettered with
+    the reason, and the sweep goes on: one bad row never holds up the outbox.
+    """
+    try:
+        task = task_by_name(job.task_name)
+    except UnknownTask:
+        if job.task_name not in _unknown_tasks:
+            _unknown_tasks.add(job.task_name)
+            logger.error(
+                "Jobs of unknown task %s (job %s first) are left in the ledger: no installed "
+                "module defines it; deploy it, or cancel them (`manage.py jobs cancel`)",
+                job.task_name,
+                job.id,
+            )
+        return None
+    try:
+        check_arguments(task, job.args, job.kwargs)
+        return publish_job(job=job, task=task)
+    except (DatabaseError, *broker.BROKER_ERRORS):
+        raise  # the ledger or Redis is away, not this row: the sweep fails and runs again
+    except Exception as exc:  # noqa: BLE001 - this row's own problem: dead-letter it, go on
+        dead_letter = ledger.give_up(
+            job_id=str(job.id),
+            defaults=ledger.Defaults(job.task_name, job.queue, job.priority),
+            args=job.args,
+            kwargs=job.kwargs,
+            attempt=job.attempts,
+            exc=exc,
+            failures=list(job.failures or []),
+        )
+        logger.error(
+            "Job %s (%s) cannot be published (%s): dead-lettered",
+            job.id,
+            job.task_name,
+            type(exc).__name__,
+        )
+        events.send(
+            events.job_dead,
+            task=job.task_name,
+            job_id=str(job.id),
+            queue=job.queue,
+            attempt=job.attempts,
+            duration=None,
+            exception=exc,
+            dead_letter_id=dead_letter.pk if dead_letter else None,
+        )
+        execution.call_on_dead(task, exc, job.args, job.kwargs)
+        return None
+
+
+def _report_unknown_tasks() -> None:
+    """Publish how many waiting jobs name each unknown task, for /health/ and /metrics."""
+    if not _unknown_tasks:
+        return
+    counts = dict(
+        Job.objects.filter(state__in=WAITING_STATES, task_name__in=sorted(_unknown_tasks))
+        .values_list("task_name")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    try:
+        pipe = redis_client().pipeline()
+        pipe.delete(UNKNOWN_TASKS)
+        if counts:
+            pipe.hset(UNKNOWN_TASKS, mapping=counts)
+            pipe.expire(UNKNOWN_TASKS, UNKNOWN_TASKS_TTL)
+        pipe.execute()
+    except RedisError as exc:  # Redis is away: health says so on its own
+        logger.warning("relay: could not record jobs of unknown tasks: %s", exc)
+
+
+def unknown_tasks() -> dict[str, int]:
+    """Waiting jobs per task name that no installed module defines, as the relay last saw them
+    ({} when none, or when no relay swept in the last UNKNOWN_TASKS_TTL seconds)."""
+    raw = redis_client().hgetall(UNKNOWN_TASKS)
+    return {
+        (name.decode() if isinstance(name, bytes) else name): int(count)
+        for name, count in raw.items()
+    }
