@@ -1,25 +1,28 @@
 """The relay: publishes what the ledger holds back — the outbox (jobs whose message never
-reached Redis), due scheduled and retrying jobs, jobs of workers whose lease lapsed, and jobs
-whose message the broker lost. Runs from `manage.py jobs relay` and every few seconds from beat.
+reached Redis), due scheduled and retrying jobs, jobs of workers whose lease lapsed (counted as
+crashes), the messages dead workers had taken (jobs.reservations), and jobs whose message the
+broker lost. Runs from `manage.py jobs relay` and every few seconds from beat.
 
 Duplicates it may cause are harmless: a worker claims a job once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from billiard.exceptions import WorkerLostError
 from django.db import DatabaseError
 from django.db.models import Count
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import broker, events, execution, ledger
+from . import broker, events, execution, ledger, reservations
 from .conf import backlot_settings
 from .enqueue import check_arguments, publish_job
 from .exceptions import UnknownTask
-from .models import Job
+from .models import Job, JobState
 from .redis import redis_client
 from .registry import task_by_name
 from .states import WAITING_STATES
@@ -47,12 +50,8 @@ def job_relay(*, limit: int = 500) -> int:
     """One sweep; returns how many jobs it published."""
     now = timezone.now()
     conf = backlot_settings()
-    lapsed = ledger.lapsed_leases_requeued(now=now)
-    if lapsed:
-        try:
-            redis_client().incrby(LEASE_LAPSES, lapsed)
-        except RedisError as exc:  # Redis is away: the sweep goes on, the count misses these
-            logger.warning("relay: could not count %d lapsed lease(s): %s", lapsed, exc)
+    _lapsed_leases(now)
+    _restore_reservations()
     # Reconcile: a waiting job (queued, or a scheduled/retrying one whose time has come)
     # published longer ago than Redis would take to redeliver it was lost by the broker
     # (restart without AOF, FLUSHDB, a pop without ack, a worker killed holding it): send it
@@ -63,8 +62,8 @@ def job_relay(*, limit: int = 500) -> int:
         lost_after=RELAY_LOST_AFTER,
     )
     # Sooner where the broker shows it: a queue with no message at all (none waiting, none
-    # taken and unacknowledged anywhere) cannot be holding the message of a job that waits on
-    # it past its time.
+    # taken and unacknowledged anywhere; dead workers' messages were given back above) cannot
+    # be holding the message of a job that waits on it past its time.
     for queue in broker.idle_queues(conf.QUEUES):
         ledger.republish(
             now=now,
@@ -174,4 +173,73 @@ def unknown_tasks() -> dict[str, int]:
     return {
         (name.decode() if isinstance(name, bytes) else name): int(count)
         for name, count in raw.items()
+    }
+
+
+def _lapsed_leases(now: datetime) -> None:
+    """Running jobs whose lease lapsed: their worker died, or stopped renewing. A lapse counts
+    as a crash of the job, like a pool process dying under it: the job goes back to the queue,
+    and the MAX_WORKER_CRASHES-th lapse sends it to the dead letters instead (a job that takes
+    its whole worker down would otherwise be re-queued after every lapse, forever)."""
+    cap = backlot_settings().MAX_WORKER_CRASHES
+    capped = list(
+        Job.objects.filter(
+            state=JobState.RUNNING, lease_expires_at__lt=now, crashes__gte=cap - 1
+        ).only("id", "task_name", "queue", "attempts", "crashes", "args", "kwargs")[:100]
+    )
+    dead = 0
+    for job in capped:
+        exc = WorkerLostError(
+            f"worker lost {job.crashes + 1} times running this job (its lease lapsed: the "
+            "worker died, or stopped renewing it)"
+        )
+        dead_letter = ledger.lapsed_lease_dead(job_id=str(job.id), now=now, exc=exc)
+        if dead_letter is None:
+            continue  # renewed, claimed or finished meanwhile
+        dead += 1
+        logger.error(
+            "Job %s (%s) gave up: its worker was lost %d times running it",
+            job.id,
+            job.task_name,
+            job.crashes + 1,
+        )
+        events.send(
+            events.job_dead,
+            task=job.task_name,
+            job_id=str(job.id),
+            queue=job.queue,
+            attempt=job.attempts,
+            duration=None,
+            exception=exc,
+            dead_letter_id=dead_letter.pk,
+        )
+        with contextlib.suppress(UnknownTask):  # no task, no hook: the dead letter names it
+            execution.call_on_dead(task_by_name(job.task_name), exc, job.args, job.kwargs)
+    lapsed = dead + ledger.lapsed_leases_requeued(now=now, max_crashes=cap)
+    if lapsed:
+        try:
+            redis_client().incrby(LEASE_LAPSES, lapsed)
+        except RedisError as exc:  # Redis is away: the sweep goes on, the count misses these
+            logger.warning("relay: could not count %d lapsed lease(s): %s", lapsed, exc)
+
+
+def _restore_reservations() -> None:
+    """Messages that dead workers (heartbeat gone) had taken and not acknowledged go back to
+    the head of their queues now, not after the visibility timeout (jobs.reservations)."""
+    try:
+        reservations.restore_lost(settled=_settled)
+    except broker.BROKER_ERRORS as exc:  # Redis is away: the next sweep tries again
+        logger.warning("relay: could not restore dead workers' messages: %s", exc)
+    except Exception:  # the outbox goes on whatever this step hit
+        logger.exception("relay: restoring dead workers' messages failed")
+
+
+def _settled(job_ids: list[str]) -> set[str]:
+    """Of these jobs, those whose message would be a duplicate: running (their lease brings
+    them back if their worker died) or finished."""
+    return {
+        str(job_id)
+        for job_id in Job.objects.filter(id__in=job_ids)
+        .exclude(state__in=WAITING_STATES)
+        .values_list("id", flat=True)
     }

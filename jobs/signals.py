@@ -1,14 +1,16 @@
 """Worker and publisher hooks: database connections live across jobs the way they live
-across requests, and Backlot's messages carry no field twice."""
+across requests, Backlot's messages carry no field twice, and a worker's main process records
+what it takes from Redis and keeps a heartbeat (jobs.reservations)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery import current_app
-from celery.signals import before_task_publish, task_prerun
+from celery.signals import before_task_publish, task_prerun, worker_init, worker_ready
 from django.db import close_old_connections
 
+from . import reservations
 from .broker import slim_message
 from .task import PlatformTask
 
@@ -31,3 +33,18 @@ def slim_platform_messages(
         return
     if isinstance(current_app.tasks.get(sender or ""), PlatformTask):
         slim_message(headers, properties)
+
+
+@worker_init.connect
+def record_reservations(sender: Any = None, **kwargs: Any) -> None:
+    """Before the worker consumes: each message it takes is recorded as its own, so that
+    the relay gives them back to their queue soon after it dies (not after the visibility
+    timeout)."""
+    if sender is not None:
+        reservations.install(node=sender.hostname, app=sender.app)
+
+
+@worker_ready.connect
+def keep_worker_heartbeat(**kwargs: Any) -> None:
+    """Once the pool has started: the worker's heartbeat, refreshed from a thread."""
+    reservations.keep_alive()

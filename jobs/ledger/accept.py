@@ -11,11 +11,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
-from ..models import IdempotencyRecord, Job
+from ..models import DeadLetter, IdempotencyRecord, Job
 from ..states import JobState, sources, target
+from .run import Defaults, give_up
 
 logger = logging.getLogger(__name__)
 
@@ -116,11 +117,43 @@ def mark_published(job_ids: Iterable[str | uuid.UUID], *, now: datetime | None =
     )
 
 
-def lapsed_leases_requeued(*, now: datetime) -> int:
-    """From running to queued: jobs whose worker stopped renewing (died, lost its host)."""
-    return Job.objects.filter(state__in=sources("lease_lapsed"), lease_expires_at__lt=now).update(
-        state=target("lease_lapsed"), lease_expires_at=None, published_at=None
+def lapsed_leases_requeued(*, now: datetime, max_crashes: int | None = None) -> int:
+    """From running to queued: jobs whose worker stopped renewing (died, lost its host), each
+    lapse counted as a crash. With `max_crashes`, a job at its last allowed crash is left for
+    lapsed_lease_dead."""
+    rows = Job.objects.filter(state__in=sources("lease_lapsed"), lease_expires_at__lt=now)
+    if max_crashes is not None:
+        rows = rows.filter(crashes__lt=max_crashes - 1)
+    return rows.update(
+        state=target("lease_lapsed"),
+        lease_expires_at=None,
+        published_at=None,
+        crashes=F("crashes") + 1,
     )
+
+
+def lapsed_lease_dead(*, job_id: str, now: datetime, exc: BaseException) -> DeadLetter | None:
+    """From running to dead, with its dead letter: a job whose lease lapsed once too often
+    (its worker was lost that many times running it); None if it renewed, was claimed or
+    finished meanwhile."""
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update()
+            .filter(id=job_id, state__in=sources("lease_lapsed"), lease_expires_at__lt=now)
+            .first()
+        )
+        if job is None:
+            return None
+        Job.objects.filter(id=job_id).update(crashes=F("crashes") + 1)
+        return give_up(
+            job_id=job_id,
+            defaults=Defaults(job.task_name, job.queue, job.priority),
+            args=job.args,
+            kwargs=job.kwargs,
+            attempt=job.attempts,
+            exc=exc,
+            failures=list(job.failures or []),
+        )
 
 
 def waiting_but_due(now: datetime, lost_after: timedelta) -> Any:

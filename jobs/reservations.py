@@ -1,0 +1,331 @@
+"""Which worker holds which message: a heartbeat per worker process and a record of what it
+took from Redis, so that the messages a dead worker held go back to their queue within
+seconds instead of after the broker's visibility timeout (Sidekiq Pro's super_fetch, per
+process).
+
+kombu's Redis transport keeps every message a worker took and has not acknowledged (the
+prefetched ones, the running ones, those waiting for their countdown) in its `unacked` hash,
+delivery tag → message, and gives it back only once the visibility timeout (2 h) has passed: a
+lost host strands concurrency x prefetch jobs per worker that long. Here:
+
+- a worker's main process has an id of its own (node name, pid and a random part: a worker
+  restarted under the same name is another worker) and keeps `backlot:worker:<id>` alive
+  (TTL HEARTBEAT_TTL) from a thread, every HEARTBEAT_EVERY seconds;
+- its transport channels (ReservingQoS) record each message they take in `backlot:reserved`
+  (delivery tag → worker id) in the MULTI/EXEC that puts it in `unacked`, and drop the record
+  in the one that acknowledges or requeues it: the record and the unacked entry come and go
+  together;
+- the relay's sweep (`restore_lost`) finds the workers whose heartbeat is gone and moves each
+  of their unacked messages back to the head of its queue, as kombu's restore_by_tag would, in
+  a Lua script that checks, atomically with the move, that the message is still
+  unacknowledged, still theirs, and their heartbeat still absent. A live worker's message is
+  never touched.
+
+A restored message may be one whose job the dead worker had started: the ledger's claim drops
+it while the job's lease holds (the relay re-queues the job once it lapses) and once the job
+has finished. A prefetched job runs once, on the next worker that takes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from celery import current_app
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps, loads
+
+logger = logging.getLogger(__name__)
+
+# delivery tag → id of the worker process holding the message (while it is in `unacked`).
+OWNERS = "backlot:reserved"
+# Ids of the worker processes that may hold messages (each refreshes its own heartbeat).
+WORKERS = "backlot:workers"
+HEARTBEAT = "backlot:worker:"
+# Messages given back to their queue because their worker died, and those dropped instead
+# because their job was running or finished (counts; for /metrics).
+RESTORED = "backlot:metrics:reservations_restored"
+DROPPED = "backlot:metrics:reservations_dropped"
+# A full pass over OWNERS (records of workers missing from WORKERS, stale records) at most this
+# often, cluster-wide; it needs the whole hash, the regular sweep only the worker ids.
+FULL_PASS_KEY = "backlot:reserved:full-pass"
+FULL_PASS_EVERY = 60
+# A worker whose heartbeat is this old is dead. Refreshed every HEARTBEAT_EVERY s: five missed
+# refreshes in a row (a main process stalled that long is frozen, not busy) before its
+# messages go back; with the relay's 1 s sweep, they run again about 16 s after the death.
+HEARTBEAT_TTL = 15
+HEARTBEAT_EVERY = 3.0
+# The first heartbeat, written before the pool starts (a few seconds; more on a loaded
+# 2-core machine), lasts this long: the thread's first refresh comes once the worker is ready.
+STARTUP_TTL = 60
+# Messages moved per Lua call: keeps one script well under a millisecond of Redis' time.
+RESTORE_BATCH = 200
+
+# KEYS: unacked, unacked_index, OWNERS, the worker's heartbeat; ARGV: worker id, then
+# (delivery tag, destination list, message) per message. Each message still unacknowledged and
+# still the worker's moves to the head of its list (RPUSH: kombu pops from the right); an empty
+# destination drops the message instead (DROP), or only its record once the message is gone
+# (STALE). Nothing when the heartbeat is back. Returns {moved, dropped}.
+_RESTORE_LUA = """
+if redis.call('EXISTS', KEYS[4]) == 1 then return {-1, 0} end
+local moved, dropped, done = 0, 0, {}
+for i = 2, #ARGV, 3 do
+    local tag, dest, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+    if redis.call('HGET', KEYS[3], tag) == ARGV[1] then
+        local held = redis.call('HEXISTS', KEYS[1], tag) == 1
+        if dest ~= '' and held then
+            redis.call('RPUSH', dest, payload)
+            if not done[tag] then moved = moved + 1 end
+            done[tag] = true
+        elseif dest == '' and payload == 'drop' and held then
+            dropped = dropped + 1
+            done[tag] = true
+        elseif dest == '' and not held then
+            done[tag] = true
+        end
+    end
+end
+for tag in pairs(done) do
+    redis.call('HDEL', KEYS[1], tag)
+    redis.call('ZREM', KEYS[2], tag)
+    redis.call('HDEL', KEYS[3], tag)
+end
+return {moved, dropped}
+"""
+_STALE, _DROP = ["", ""], ["", "drop"]
+
+
+class ReservingQoS(kombu_redis.QoS):
+    """kombu's Redis QoS that also records which worker took each message (see the module
+    docstring): installed on the transport's Channel in worker processes by `install()`."""
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        worker = heartbeat.worker_id
+        if worker is None:
+            return super().append(message, delivery_tag)
+        delivery = message.delivery_info
+        stored = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        # As kombu's QoS.append, with the owner record in the same MULTI/EXEC.
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
+                self.unacked_key, delivery_tag, stored
+            ).hset(OWNERS, delivery_tag, worker).execute()
+            virtual.QoS.append(self, message, delivery_tag)
+        return None
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        # Every ack, reject and restore of kombu's QoS goes through here (a private method
+        # kombu's type stubs leave out).
+        removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
+        return removed.hdel(OWNERS, delivery_tag)
+
+
+def _plain(client: Any) -> redis.Redis:
+    """A client on the broker's connection pool that does not prefix keys (kombu's
+    PrefixedStrictRedis prefixes only some commands; the keys here carry the prefix)."""
+    return redis.Redis(connection_pool=client.connection_pool)
+
+
+class Heartbeat:
+    """The worker process' id and the thread that keeps its heartbeat alive."""
+
+    def __init__(self) -> None:
+        self.worker_id: str | None = None
+        self._thread: threading.Thread | None = None
+        self._connection: Any = None
+        self._failing = False
+
+    def install(self, *, node: str, app: Any = None) -> str:
+        """Become the holder of worker `node`'s reservations, before its consumer takes
+        anything: record what its channels take, and a first heartbeat (of STARTUP_TTL: the
+        pool starts before `keep_alive`)."""
+        self.worker_id = f"{node}:{os.getpid()}:{secrets.token_hex(4)}"
+        if not issubclass(kombu_redis.Channel.QoS, ReservingQoS):
+            kombu_redis.Channel.QoS = ReservingQoS
+        self._app = app or current_app
+        self.beat(ttl=STARTUP_TTL)
+        return self.worker_id
+
+    def keep_alive(self) -> None:
+        """Refresh the heartbeat from a thread of this process, every HEARTBEAT_EVERY s.
+        Started once the pool has forked (a process that forks with threads running may hand
+        a held lock to its children)."""
+        if self.worker_id is None or (self._thread is not None and self._thread.is_alive()):
+            return
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="backlot-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self, ttl: int = HEARTBEAT_TTL) -> None:
+        if self.worker_id is None:
+            return
+        try:
+            if self._connection is None:
+                self._connection = self._app.connection_for_write()
+            channel = self._connection.default_channel
+            prefix = channel.global_keyprefix
+            client = _plain(channel.client)
+            pipe = client.pipeline(transaction=True)
+            pipe.set(f"{prefix}{HEARTBEAT}{self.worker_id}", int(time.time()), ex=ttl)
+            pipe.sadd(f"{prefix}{WORKERS}", self.worker_id)
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - the broker is away: the next beat retries
+            if not self._failing:
+                logger.warning("Worker heartbeat failed (%s): %s", type(exc).__name__, exc)
+            self._failing = True
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                with contextlib.suppress(Exception):  # broken: dropped anyway
+                    connection.release()
+            return
+        if self._failing:
+            logger.info("Worker heartbeat is back")
+        self._failing = False
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_EVERY)
+            self.beat()
+
+
+heartbeat = Heartbeat()
+
+
+def install(*, node: str, app: Any = None) -> str:
+    """In a worker's main process, before it consumes (worker_init): record what it
+    reserves. Returns the worker's id."""
+    return heartbeat.install(node=node, app=app)
+
+
+def keep_alive() -> None:
+    """In a worker's main process once it is ready (worker_ready): keep its heartbeat."""
+    heartbeat.keep_alive()
+
+
+def restore_lost(*, settled: Callable[[list[str]], set[str]] | None = None) -> int:
+    """Give the messages of dead workers (heartbeat gone) back to the head of their queues;
+    returns how many. `settled(job_ids)` names the jobs whose message would be a duplicate
+    (running: their lease brings them back; finished): those messages are dropped instead.
+    Broker errors are raised (the caller logs them and sweeps again)."""
+    connection: Any
+    # app.pool is the broker connection pool (celery-types calls it a producer pool).
+    with current_app.pool.acquire(block=True, timeout=5) as connection:
+        channel = connection.default_channel
+        prefix = channel.global_keyprefix
+        client = _plain(channel.client)
+        workers = [_text(w) for w in client.smembers(f"{prefix}{WORKERS}")]
+        alive = _alive(client, prefix, workers)
+        dead = {w for w in workers if not alive[w]}
+        full_pass = bool(client.set(f"{prefix}{FULL_PASS_KEY}", 1, nx=True, ex=FULL_PASS_EVERY))
+        if not dead and not full_pass:
+            return 0
+        held: dict[str, list[str]] = defaultdict(list)
+        for tag, worker in client.hgetall(f"{prefix}{OWNERS}").items():
+            held[_text(worker)].append(_text(tag))
+        unknown = [w for w in held if w not in alive]
+        alive.update(_alive(client, prefix, unknown))
+        restored = dropped = 0
+        for worker, tags in held.items():
+            if not alive[worker]:
+                moved, gone = _restore_worker(channel, client, prefix, worker, tags, settled)
+                restored, dropped = restored + moved, dropped + gone
+        for worker in dead - set(held):
+            client.srem(f"{prefix}{WORKERS}", worker)  # gone, and holds nothing any more
+        if restored or dropped:
+            pipe = client.pipeline(transaction=False)
+            pipe.incrby(f"{prefix}{RESTORED}", restored)
+            pipe.incrby(f"{prefix}{DROPPED}", dropped)
+            pipe.execute()
+        return restored
+
+
+def _restore_worker(
+    channel: Any,
+    client: redis.Redis,
+    prefix: str,
+    worker: str,
+    tags: list[str],
+    settled: Callable[[list[str]], set[str]] | None,
+) -> tuple[int, int]:
+    unacked = f"{prefix}{channel.unacked_key}"
+    keys = [unacked, f"{prefix}{channel.unacked_index_key}", f"{prefix}{OWNERS}"]
+    keys.append(f"{prefix}{HEARTBEAT}{worker}")
+    script = client.register_script(_RESTORE_LUA)
+    moved = dropped = 0
+    for at in range(0, len(tags), RESTORE_BATCH):
+        batch = tags[at : at + RESTORE_BATCH]
+        messages = {
+            tag: loads(stored)
+            for tag, stored in zip(batch, client.hmget(unacked, batch), strict=True)
+            if stored is not None
+        }
+        ids = {tag: _job_id(stored[0]) for tag, stored in messages.items()}
+        duplicates = settled([i for i in ids.values() if i]) if settled is not None else set()
+        argv: list[str] = [worker]
+        for tag in batch:
+            if tag not in messages:
+                argv += [tag, *_STALE]  # acknowledged: only the record is left
+            elif ids[tag] in duplicates:
+                argv += [tag, *_DROP]
+            else:
+                argv += _restoring(channel, prefix, tag, *messages[tag])
+        result = script(keys=keys, args=argv)
+        if int(result[0]) < 0:
+            logger.info("Worker %s is back; its messages stay with it", worker)
+            break
+        moved, dropped = moved + int(result[0]), dropped + int(result[1])
+    if moved or dropped:
+        logger.warning(
+            "Worker %s stopped beating: %d message(s) it held went back to their queue, %d "
+            "of running or finished jobs were dropped",
+            worker,
+            moved,
+            dropped,
+        )
+    return moved, dropped
+
+
+def _restoring(
+    channel: Any, prefix: str, tag: str, payload: Any, exchange: str, routing_key: str
+) -> list[str]:
+    """(tag, list, message) of a message going back to its queue, as kombu's
+    _do_restore_message writes it (marked redelivered, in the list of its priority)."""
+    try:
+        payload["headers"]["redelivered"] = True
+        payload["properties"]["delivery_info"]["redelivered"] = True
+    except (KeyError, TypeError):
+        pass
+    priority = channel._get_message_priority(payload, reverse=False)
+    argv: list[str] = []
+    for queue in channel._lookup(exchange, routing_key):
+        argv += [tag, f"{prefix}{channel._q_for_pri(queue, priority)}", dumps(payload)]
+    return argv
+
+
+def _job_id(payload: Any) -> str | None:
+    """The task id of a Celery message (protocol 2: in its headers)."""
+    try:
+        job_id = payload["headers"]["id"]
+    except (KeyError, TypeError):
+        return None
+    return job_id if isinstance(job_id, str) else None
+
+
+def _alive(client: redis.Redis, prefix: str, workers: list[str]) -> dict[str, bool]:
+    pipe = client.pipeline(transaction=False)
+    for worker in workers:
+        pipe.exists(f"{prefix}{HEARTBEAT}{worker}")
+    return {worker: bool(found) for worker, found in zip(workers, pipe.execute(), strict=True)}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
