@@ -6,12 +6,13 @@ SHELL := /bin/bash
 PYTEST_ARGS ?=
 export PYTEST_ARGS
 
-.PHONY: help venv run test test-scale bench lint docs services-up services-down stop clean
+.PHONY: help venv run test test-scale test-celery-compat bench lint docs services-up services-down stop clean
 
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     make lint, then test Redis :6390 and PostgreSQL :54329 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
 	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
+	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :6394 and PostgreSQL :54334 (COMPAT_ARGS=...; docs/celery-compat.md)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[project,dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
@@ -31,6 +32,11 @@ test: venv
 # Workers on two hosts (Linux network namespaces) on one Redis; see docs/scaling.md.
 test-scale: venv
 	@bash scripts/scale.sh
+
+# Celery's t/integration (fetched from the installed Celery's sdist, cached in .data/) on a real
+# worker, tasks as @job and as shared_task; extra pytest arguments: COMPAT_ARGS="-k chord".
+test-celery-compat: venv
+	@bash scripts/celery-compat.sh $(COMPAT_ARGS)
 
 # Extra arguments for the suite, e.g. make bench BENCH_ARGS="--cases drain_pg,latency"
 bench: venv

@@ -265,6 +265,9 @@ BACKLOT: dict[str, Any] = {
     "LEASE_SECONDS": float(os.environ.get("BACKLOT_LEASE_SECONDS", "30")),
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     "BEAT_LOCK_TTL": int(os.environ.get("BACKLOT_BEAT_LOCK_TTL", "30")),
+    # A schedule's fire time missed while no beat ran: "run_once" (fired once when beat is
+    # back) or "skip".
+    "SCHEDULE_CATCH_UP": os.environ.get("BACKLOT_SCHEDULE_CATCH_UP", "run_once"),
 }
 # Alert emails go to ADMINS="Ops <ops@example.com>, oncall@example.com" (a bare address is
 # its own name).

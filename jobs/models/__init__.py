@@ -10,6 +10,7 @@ from ..states import (  # re-exported: the models' vocabulary
 )
 from .deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
 from .job import Effect, IdempotencyRecord, Job, JobQuerySet
+from .schedule import ScheduleFire, ScheduleFireQuerySet
 
 __all__ = [
     "ACTIVE_STATES",
@@ -26,4 +27,6 @@ __all__ = [
     "Job",
     "JobQuerySet",
     "JobState",
+    "ScheduleFire",
+    "ScheduleFireQuerySet",
 ]

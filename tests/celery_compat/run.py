@@ -1,0 +1,326 @@
+"""The two steps of scripts/celery-compat.sh around its pytest runs.
+
+python -m tests.celery_compat.run prepare DEST
+    Fetch the source distribution of the installed Celery (cached in .data/celery-sdist),
+    extract its t/ into DEST/celery-<version>/ afresh and wire it to this harness: Celery's
+    conftest.py and tasks.py are kept as celery_conftest.py and celery_tasks.py, and new
+    ones load tests.celery_compat.harness and declare Celery's tasks through
+    tests.celery_compat.tasks; pytest.ini carries Celery's own pytest options. Prints the
+    tree's path.
+
+python -m tests.celery_compat.run urls DATABASE_URL REDIS_URL DB_NAME REDIS_DB
+    Print the two URLs with the database name and the Redis database number replaced
+    (scripts/celery-compat.sh --reuse-services: the same servers, data of its own).
+
+python -m tests.celery_compat.run createdb DATABASE_URL
+    Create the URL's database (owned by its user) when it does not exist.
+
+python -m tests.celery_compat.run flushdb REDIS_URL
+    Empty that one Redis database (before each half: no message of the other left).
+
+python -m tests.celery_compat.run compare JOB.json CONTROL.json DOC.md RESULT.json
+    Compare the two halves' outcomes: print both counts and every test whose outcome
+    differs, write them to RESULT.json, exit 1 when a test passes in the control and
+    not under @job while DOC.md (docs/celery-compat.md) does not list it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SDIST_CACHE = ROOT / ".data" / "celery-sdist"
+# What a test may be in either half; "good" outcomes are what a passing suite gives.
+GOOD = frozenset({"passed", "xfailed"})
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "not run")
+
+CONFTEST_SHIM = '''\
+"""Written by tests/celery_compat/run.py: Celery's conftest is celery_conftest.py beside this
+file; the fixtures here run the suite on Backlot's app and a real worker process."""
+
+from tests.celery_compat.harness import *  # noqa: F403
+'''
+
+TASKS_SHIM = '''\
+"""Written by tests/celery_compat/run.py: Celery's tasks (celery_tasks.py beside this file),
+declared with the decorator CELERY_COMPAT_DECORATOR names (job or shared_task)."""
+
+from pathlib import Path
+
+from tests.celery_compat.tasks import declare_celery_tasks
+
+declare_celery_tasks(globals(), Path(__file__).with_name("celery_tasks.py"))
+'''
+
+
+def celery_version() -> str:
+    return importlib.metadata.version("celery")
+
+
+def fetch_sdist(version: str) -> Path:
+    """The cached sdist of Celery ``version``; downloaded with pip when absent."""
+    SDIST_CACHE.mkdir(parents=True, exist_ok=True)
+    cached = sorted(SDIST_CACHE.glob(f"celery-{version}.tar.gz"))
+    if cached:
+        return cached[0]
+    print(f"celery-compat: downloading the sdist of celery=={version}", file=sys.stderr)
+    command = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--no-binary", ":all:",
+        "--no-deps", f"celery=={version}", "-d", str(SDIST_CACHE),
+    ]  # fmt: skip
+    subprocess.run(command, check=True)
+    cached = sorted(SDIST_CACHE.glob(f"celery-{version}.tar.gz"))
+    if not cached:
+        raise SystemExit(f"pip download left no celery-{version}.tar.gz in {SDIST_CACHE}")
+    return cached[0]
+
+
+def _pytest_ini(celery_pyproject: dict[str, Any]) -> str:
+    options = celery_pyproject.get("tool", {}).get("pytest", {}).get("ini_options", {})
+    markers = list(options.get("markers", []))
+    lines = [
+        "# Written by tests/celery_compat/run.py from Celery's own pytest options",
+        "# (its pyproject.toml), without its testpaths (t/unit/).",
+        "[pytest]",
+        f"addopts = {options.get('addopts', '')}",
+        f"python_classes = {options.get('python_classes', 'test_*')}",
+        f"xfail_strict = {str(options.get('xfail_strict', False)).lower()}",
+        "markers =",
+        *(f"    {marker}" for marker in markers),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def prepare(dest: Path) -> Path:
+    version = celery_version()
+    sdist = fetch_sdist(version)
+    top = f"celery-{version}"
+    tree = dest / top
+    if tree.exists():
+        shutil.rmtree(tree)
+    tree.mkdir(parents=True)
+    with tarfile.open(sdist) as archive:
+        wanted = [
+            member
+            for member in archive.getmembers()
+            if member.name in (f"{top}/pyproject.toml", f"{top}/t/__init__.py")
+            or member.name.startswith((f"{top}/t/integration/", f"{top}/t/canvas_helpers.py"))
+        ]
+        archive.extractall(dest, members=wanted, filter="data")
+    integration = tree / "t" / "integration"
+    for name in ("conftest.py", "tasks.py", "test_tasks.py", "test_canvas.py"):
+        if not (integration / name).is_file():
+            raise SystemExit(f"{sdist} has no t/integration/{name}: the harness needs adapting")
+    (integration / "conftest.py").rename(integration / "celery_conftest.py")
+    (integration / "tasks.py").rename(integration / "celery_tasks.py")
+    (integration / "conftest.py").write_text(CONFTEST_SHIM)
+    (integration / "tasks.py").write_text(TASKS_SHIM)
+    celery_pyproject = tomllib.loads((tree / "pyproject.toml").read_text())
+    (tree / "pytest.ini").write_text(_pytest_ini(celery_pyproject))
+    print(tree)
+    return tree
+
+
+# ----------------------------------------------------------------------------- compare
+
+
+def known_differences(doc: Path) -> dict[str, str]:
+    """Test id -> reason, from the "Known differences" list of docs/celery-compat.md: lines
+    ``- `t/integration/test_x.py::test_cls::test_name`: reason``."""
+    known: dict[str, str] = {}
+    in_list = False
+    for line in doc.read_text().splitlines():
+        if line.startswith("## "):
+            in_list = line.strip().lower().startswith("## known differences")
+            continue
+        match = re.match(r"^[-*] `([^`]+::[^`]+)`\s*[:\u2014-]?\s*(.*)$", line.strip())
+        if in_list and match:
+            known[match.group(1)] = match.group(2).strip()
+    return known
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _counts(tests: dict[str, dict[str, Any]]) -> dict[str, int]:
+    counter = Counter(entry["outcome"] for entry in tests.values())
+    return {outcome: counter[outcome] for outcome in OUTCOMES if counter[outcome]}
+
+
+def _describe(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) or "nothing ran"
+
+
+def compare(job_path: Path, control_path: Path, doc: Path, out: Path) -> int:
+    job, control = _load(job_path), _load(control_path)
+    job_tests: dict[str, dict[str, Any]] = job["tests"]
+    control_tests: dict[str, dict[str, Any]] = control["tests"]
+    missing = {"outcome": "not run", "message": "not collected in this half", "seconds": 0}
+    known = known_differences(doc)
+    regressions, improvements, others = [], [], []
+    for test in sorted(set(job_tests) | set(control_tests)):
+        j = job_tests.get(test, missing)
+        c = control_tests.get(test, missing)
+        if j["outcome"] == c["outcome"]:
+            continue
+        row = {
+            "test": test,
+            "control": c["outcome"],
+            "job": j["outcome"],
+            "job_message": j["message"],
+            "control_message": c["message"],
+        }
+        if c["outcome"] in GOOD and j["outcome"] not in GOOD:
+            row["known"] = test in known
+            row["reason"] = known.get(test, "")
+            regressions.append(row)
+        elif j["outcome"] in GOOD and c["outcome"] not in GOOD:
+            improvements.append(row)
+        else:
+            others.append(row)
+    unlisted = [row for row in regressions if not row["known"]]
+    regressed = {row["test"] for row in regressions}
+    listed_but_fine = sorted(test for test in known if test not in regressed)
+    result = {
+        "celery": celery_version(),
+        "control": {
+            "decorator": "shared_task",
+            "counts": _counts(control_tests),
+            "seconds": control.get("seconds"),
+        },
+        "job": {"decorator": "job", "counts": _counts(job_tests), "seconds": job.get("seconds")},
+        "tests": len(set(job_tests) | set(control_tests)),
+        "refused_declarations": job.get("refused_declarations", {}),
+        "pass_in_control_fail_under_job": regressions,
+        "fail_in_control_pass_under_job": improvements,
+        "other_differences": others,
+        "unlisted": [row["test"] for row in unlisted],
+        "listed_but_not_differing": listed_but_fine,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+    print(f"Celery {result['celery']} integration suite, {result['tests']} tests")
+    for half, label in (("control", "control (shared_task)"), ("job", "@job")):
+        data = result[half]
+        print(f"  {label + ':':23}{_describe(data['counts'])} ({data['seconds']} s)")
+    for name, error in result["refused_declarations"].items():
+        print(f"  @job refused to declare {name}: {error}")
+    print(f"Pass in the control, not under @job: {len(regressions)} ({len(unlisted)} not listed)")
+    for row in regressions:
+        tag = "listed" if row["known"] else "NOT LISTED"
+        print(f"  [{tag}] {row['test']}: {row['job']}: {row['job_message']}")
+    if improvements:
+        print(f"Fail in the control, pass under @job: {len(improvements)}")
+        for row in improvements:
+            print(f"  {row['test']}: control {row['control']}: {row['control_message']}")
+    if others:
+        print(f"Other differences (neither half passes): {len(others)}")
+        for row in others:
+            print(f"  {row['test']}: control {row['control']}, @job {row['job']}")
+    if listed_but_fine:
+        print(f"Listed in {doc.name} but not differing now: {len(listed_but_fine)}")
+        for test in listed_but_fine:
+            print(f"  {test}")
+    print(f"Written to {out}")
+    for half, data in (("@job", job), ("control", control)):
+        if data.get("exitstatus") not in (0, 1):
+            print(f"the {half} half's pytest exited {data.get('exitstatus')} (not a test outcome)")
+            return 2
+    if unlisted:
+        print(f"{len(unlisted)} test(s) pass in the control and not under @job, and "
+              f"{doc} does not list them")  # fmt: skip
+        return 1
+    return 0
+
+
+# ------------------------------------------------------------------------------ services
+
+
+def urls(database_url: str, redis_url: str, db_name: str, redis_db: int) -> tuple[str, str]:
+    from urllib.parse import urlsplit, urlunsplit
+
+    database, redis = urlsplit(database_url), urlsplit(redis_url)
+    if database.scheme not in ("postgres", "postgresql"):
+        raise SystemExit(f"DATABASE_URL must be a postgres:// URL, got {database_url!r}")
+    if redis.scheme not in ("redis", "rediss"):
+        raise SystemExit(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
+    return (
+        urlunsplit(database._replace(path=f"/{db_name}")),
+        urlunsplit(redis._replace(path=f"/{redis_db}")),
+    )
+
+
+def createdb(database_url: str) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/")
+    server = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(server, autocommit=True, connect_timeout=10) as connection:
+        exists = connection.execute("select 1 from pg_database where datname = %s", [name])
+        if exists.fetchone() is None:
+            owner = parts.username or "backlot"
+            connection.execute(
+                sql.SQL("create database {} owner {}").format(
+                    sql.Identifier(name), sql.Identifier(owner)
+                )
+            )
+            print(f"celery-compat: created database {name}", file=sys.stderr)
+
+
+def flushdb(redis_url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(redis_url, socket_connect_timeout=5).flushdb()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.celery_compat.run")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("dest", type=Path)
+    u = sub.add_parser("urls")
+    u.add_argument("database_url")
+    u.add_argument("redis_url")
+    u.add_argument("db_name")
+    u.add_argument("redis_db", type=int)
+    sub.add_parser("createdb").add_argument("url")
+    sub.add_parser("flushdb").add_argument("url")
+    c = sub.add_parser("compare")
+    for name in ("job", "control", "doc", "out"):
+        c.add_argument(name, type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        prepare(args.dest)
+        return 0
+    if args.command == "urls":
+        print("\n".join(urls(args.database_url, args.redis_url, args.db_name, args.redis_db)))
+        return 0
+    if args.command == "createdb":
+        createdb(args.url)
+        return 0
+    if args.command == "flushdb":
+        flushdb(args.url)
+        return 0
+    return compare(args.job, args.control, args.doc, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
