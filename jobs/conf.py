@@ -26,6 +26,8 @@ from django.core.signals import setting_changed
 # CELERY_BROKER_TRANSPORT_OPTIONS says otherwise: it must outlast the longest countdown Redis
 # holds (MAX_BROKER_COUNTDOWN + RATE_LIMIT_MAX_RESERVE; system check jobs.E002).
 DEFAULT_VISIBILITY_TIMEOUT = 7200
+# What beat does with a fire time missed while no beat ran (BACKLOT['SCHEDULE_CATCH_UP']).
+SCHEDULE_CATCH_UP_POLICIES = ("run_once", "skip")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class BacklotSettings:
     LEASE_SECONDS: float = 30.0
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     BEAT_LOCK_TTL: int = 30
+    # A schedule's fire time that passed while no beat ran (found more than
+    # max(60 s, 3 x BEAT_LOCK_TTL) late): "run_once" fires it once when beat is back (the latest
+    # missed time only, as Celery beat does), "skip" leaves it and waits for the next one.
+    SCHEDULE_CATCH_UP: str = "run_once"
     # How often beat asks a worker to run the relay (s); `manage.py jobs relay` runs it too.
     RELAY_INTERVAL: float = 5.0
     # The URL name of the job status route (JobHandle.status_url): the jobs API router mounted
@@ -132,6 +138,11 @@ def _resolve() -> BacklotSettings:
     resolved = BacklotSettings(**values)
     if not resolved.QUEUES:
         raise ImproperlyConfigured("BACKLOT['QUEUES'] names no queue")
+    if resolved.SCHEDULE_CATCH_UP not in SCHEDULE_CATCH_UP_POLICIES:
+        raise ImproperlyConfigured(
+            f"BACKLOT['SCHEDULE_CATCH_UP'] must be one of {', '.join(SCHEDULE_CATCH_UP_POLICIES)}, "
+            f"got {resolved.SCHEDULE_CATCH_UP!r}"
+        )
     return resolved
 
 
