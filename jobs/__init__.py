@@ -18,6 +18,10 @@ _EXPORTS = {
     "paused_queues": "jobs.pausing",
     "PlatformTask": "jobs.task",
     "cancel": "jobs.cancellation",
+    "batch": "jobs.batches",
+    "Batch": "jobs.batches",
+    "BatchEnded": "jobs.batches",
+    "current_batch": "jobs.batches",
     "Cancellation": "jobs.cancellation",
     "acting_as": "jobs.context",
     "AlreadyFinished": "jobs.exceptions",
@@ -60,6 +64,8 @@ __all__ = [
     "DEFAULT_RETRY_ON",
     "AlreadyFinished",
     "BacklotError",
+    "Batch",
+    "BatchEnded",
     "BrokerUnavailable",
     "Cancellation",
     "InvalidPayload",
@@ -76,7 +82,9 @@ __all__ = [
     "UnknownTask",
     "acting_as",
     "backlot_settings",
+    "batch",
     "cancel",
+    "current_batch",
     "dead_letter_discard",
     "dead_letter_discard_many",
     "dead_letter_replay",
@@ -113,6 +121,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from . import events, http
     from .admin import ReadOnlyAdmin
+    from .batches import Batch, BatchEnded, batch, current_batch
     from .cancellation import Cancellation, cancel
     from .conf import backlot_settings
     from .context import acting_as

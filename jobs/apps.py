@@ -9,8 +9,9 @@ class JobsConfig(AppConfig):
     def ready(self) -> None:
         # Imported here, not at module level: they need the app registry (models).
         # cancellation: wraps the workers' revoke command so a revoke lands in the ledger;
-        # pausing: the workers' pause hooks and their sync command.
-        from . import cancellation, checks, errors, pausing, signals, telemetry  # noqa: F401
+        # pausing: the workers' pause hooks and their sync command; batches: publishes a
+        # batch's callback job right after the finish that fired it.
+        from . import batches, cancellation, checks, errors, pausing, signals, telemetry  # noqa: F401
 
         telemetry.connect()
         errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised

@@ -5,6 +5,7 @@ a run) and the user the code acts for (``acting_as(user)``, which jobs.middlewar
 request). enqueue() gives a new job the owner passed to it, else the user acted for, else the
 owner of the running job that enqueues it (a fan-out, a canvas member or callback); and it
 records the running job as the new job's parent, so a cancel reaches what a job fanned out.
+A third variable names the batch that jobs enqueued inside ``with jobs.batch(...)`` join.
 """
 
 from __future__ import annotations
@@ -22,7 +23,18 @@ class RunningJob:
     owner_id: int | None
 
 
+@dataclass
+class JoiningBatch:
+    """The batch that jobs enqueued now join (jobs.batches opens it), with what they added:
+    the batch's counters take them at the end of its block, in the same transaction."""
+
+    batch_id: str
+    added: int = 0  # members written, waiting to run
+    born_cancelled: int = 0  # members written cancelled (enqueued by a job asked to stop)
+
+
 _running: ContextVar[RunningJob | None] = ContextVar("backlot_running_job", default=None)
+_joining: ContextVar[JoiningBatch | None] = ContextVar("backlot_joining_batch", default=None)
 _acting_for: ContextVar[Any] = ContextVar("backlot_acting_for", default=None)
 
 
@@ -49,6 +61,20 @@ def running(job_id: str, owner_id: int | None) -> Iterator[None]:
 
 def running_job() -> RunningJob | None:
     return _running.get()
+
+
+@contextmanager
+def joining(batch: JoiningBatch | None) -> Iterator[JoiningBatch | None]:
+    """Jobs enqueued inside the block join `batch` (None: no batch, even inside another's)."""
+    token = _joining.set(batch)
+    try:
+        yield batch
+    finally:
+        _joining.reset(token)
+
+
+def joining_batch() -> JoiningBatch | None:
+    return _joining.get()
 
 
 def acting_user() -> Any:

@@ -138,6 +138,18 @@ def _born_cancelled(job: Job, now: datetime) -> bool:
     return True
 
 
+def _join_batch(job: Job, task: Enqueueable) -> context.JoiningBatch | None:
+    """The batch open around this enqueue (``with jobs.batch(...)``), which the job joins; its
+    counters take the job when the block ends, in the same transaction."""
+    joining = context.joining_batch()
+    if joining is None:
+        return None
+    if not task.track:
+        raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
+    job.batch_id = joining.batch_id
+    return joining
+
+
 def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
     if on_commit:
         transaction.on_commit(send)
@@ -215,6 +227,7 @@ def enqueue(
             queue=queue, task=task.name, job_id=str(job_id), parent=trace_parent
         ),
     )
+    joining = _join_batch(job, task)
     if not task.track:
         if idempotency_key:
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
@@ -222,15 +235,19 @@ def enqueue(
         return JobHandle(id=str(job.id), task_name=task.name)
     if _born_cancelled(job, now):
         ledger.insert(job)
+        if joining is not None:
+            joining.born_cancelled += 1
         return JobHandle(id=str(job.id), task_name=task.name)
 
     if idempotency_key:
         ttl = timedelta(seconds=conf.IDEMPOTENCY_TTL)
         holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
-        if holder is not None:
+        if holder is not None:  # not a new member: the job that holds the key is another's
             return JobHandle(id=str(holder.id), task_name=task.name, created=False)
     else:
         ledger.insert(job)  # one INSERT is atomic on its own: no BEGIN/COMMIT round trip
+    if joining is not None:
+        joining.added += 1
     publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN
 
     def accepted() -> None:
@@ -329,10 +346,17 @@ def enqueue_many(
             enqueued_at=timezone.now(),
             trace_context=carrier,
         )
+        joining = _join_batch(prototype, task)
         if _born_cancelled(prototype, prototype.enqueued_at):
             ledger.insert_many(prototype=prototype, rows=rows)
+            if joining is not None:
+                joining.born_cancelled += len(rows)
             return [str(row.id) for row in rows]
         ledger.insert_many(prototype=prototype, rows=rows)
+        if joining is not None:
+            joining.added += len(rows)
+    elif context.joining_batch() is not None:
+        raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
 
     def publish() -> None:
         messages = [(str(row.id), row.args, row.kwargs) for row in rows]

@@ -60,6 +60,28 @@ job_replayed = Signal()
 """Dead letters were replayed as new jobs. Arguments: job_ids (the new jobs' ids),
 dead_letter_ids, by (the operator, or None)."""
 
+# Batch events (jobs.batches) are sent with this sender (and `task`), after the transaction
+# that made the change commits; each names the batch by `batch_id`.
+BATCH_SENDER = "jobs.batch"
+
+batch_opened = Signal()
+"""A batch was opened and its first members accepted. Arguments: batch_id, description,
+owner_id, parent_id (the batch it was opened in, or None), total (members so far)."""
+
+batch_death = Signal()
+"""A member of the batch was dead-lettered for the first time (sent once per batch).
+Arguments: batch_id, job_id (the dead member), callback_job_id (the on_death job, or None)."""
+
+batch_completed = Signal()
+"""Every member of the batch (and every child batch) has ended: succeeded, dead or cancelled
+(sent once per batch). Arguments: batch_id, total, succeeded, dead, cancelled,
+callback_job_id (the on_complete job, or None)."""
+
+batch_succeeded = Signal()
+"""Every member of the batch (and every child batch) has succeeded (sent once per batch; after
+batch_completed, possibly much later: when a dead member's replay succeeds). Arguments:
+batch_id, total, succeeded, dead, cancelled, callback_job_id (the on_success job, or None)."""
+
 ALL = {
     "enqueued": job_enqueued,
     "started": job_started,
@@ -69,6 +91,10 @@ ALL = {
     "cancelled": job_cancelled,
     "rate_limited": job_rate_limited,
     "replayed": job_replayed,
+    "batch_opened": batch_opened,
+    "batch_death": batch_death,
+    "batch_completed": batch_completed,
+    "batch_succeeded": batch_succeeded,
 }
 
 

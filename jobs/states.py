@@ -22,6 +22,19 @@ does not allow changes nothing. tests/jobs/test_states.py walks the table agains
     run_cancelled    running                                cancelled (its run stopped)
 
     * once due (scheduled_for has come)   † only once its lease has lapsed
+
+A batch (jobs.batches) has states of its own, in BATCH_TRANSITIONS; its writes are in
+jobs.ledger.batch, each in the transaction of the member's write that causes it:
+
+    event            from                     to
+    batch_open       (new row)                running
+    members_added    running                  (unchanged; total and pending grow)
+    child_opened     running                  (unchanged; a child batch counts as pending)
+    member_ended     running, complete        (unchanged; pending to succeeded/dead/cancelled)
+    member_replayed  running, complete        (unchanged; a dead member's replay is pending)
+    first_death      running, complete        (unchanged; died_at set once: on_death fires)
+    batch_complete   running                  complete  (every member ended, not all succeeded)
+    batch_succeed    running, complete        succeeded (every member and child succeeded)
 """
 
 from __future__ import annotations
@@ -49,6 +62,14 @@ class DeadLetterStatus(models.TextChoices):
     DEAD = "dead", "Dead"  # waiting for an operator
     REPLAYED = "replayed", "Replayed"  # sent again as a new job (see replayed_job)
     DISCARDED = "discarded", "Discarded"  # an operator decided not to run it
+
+
+class BatchState(models.TextChoices):
+    """Where a batch is: its members (and child batches) still running, or all ended."""
+
+    RUNNING = "running", "Running"  # a member or a child batch has not ended yet
+    COMPLETE = "complete", "Complete"  # all ended, some dead or cancelled (on_complete fired)
+    SUCCEEDED = "succeeded", "Succeeded"  # every member and child succeeded (on_success fired)
 
 
 ACTIVE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState.RETRYING)
@@ -106,3 +127,36 @@ def target(event: str) -> JobState:
     if to is None:
         raise ValueError(f"event {event!r} does not change a job's state")
     return to
+
+
+@dataclass(frozen=True)
+class BatchTransition:
+    """One event of a batch's state machine (`target` None: the state stays, counters move)."""
+
+    event: str
+    sources: tuple[BatchState, ...]
+    target: BatchState | None
+
+    def allows(self, state: str) -> bool:
+        return state in self.sources
+
+
+_ENDING = (BatchState.RUNNING, BatchState.COMPLETE)  # a replayed member may end in a complete one
+
+BATCH_TRANSITIONS: dict[str, BatchTransition] = {
+    t.event: t
+    for t in (
+        BatchTransition("members_added", (BatchState.RUNNING,), None),
+        BatchTransition("child_opened", (BatchState.RUNNING,), None),
+        BatchTransition("member_ended", _ENDING, None),
+        BatchTransition("member_replayed", _ENDING, None),
+        BatchTransition("first_death", _ENDING, None),
+        BatchTransition("batch_complete", (BatchState.RUNNING,), BatchState.COMPLETE),
+        BatchTransition("batch_succeed", _ENDING, BatchState.SUCCEEDED),
+    )
+}
+
+
+def batch_sources(event: str) -> tuple[BatchState, ...]:
+    """The from-states of a batch `event`: the guard of its write in jobs.ledger.batch."""
+    return BATCH_TRANSITIONS[event].sources

@@ -11,9 +11,11 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..models import Job
-from ..states import sources, target
+from ..states import JobState, sources, target
+from . import batch
 
 
+@batch.cancels_members  # in one transaction with their batches' counters
 def cancel_waiting(job_ids: Iterable[Any]) -> int:
     """From waiting (queued, scheduled, retrying) to cancelled: it never runs; a message of it
     that arrives later is dropped at claim."""
@@ -34,6 +36,7 @@ def request_cancel(job_ids: Iterable[Any]) -> int:
     ).update(cancel_requested_at=timezone.now())
 
 
+@batch.moves_batch(JobState.CANCELLED)  # in one transaction with its batch's counters
 def run_cancelled(*, job_id: str, run_seconds: float | None = None) -> bool:
     """From running to cancelled: the run stopped on its cancellation request (or was
     terminated by a revoke). No retry, no dead letter."""

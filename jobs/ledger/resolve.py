@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from ..models import DeadLetter, Job
 from ..states import DeadLetterStatus
+from . import batch
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any
     """From dead to replayed: the dead letter points at its new job (locked by the caller)."""
     if job_id is not None:
         Job.objects.filter(id=job_id).update(replay_of=dead_letter)
+        batch.member_replayed(dead_letter=dead_letter, job_id=job_id)
     DeadLetter.objects.filter(pk=dead_letter.pk, status=DeadLetterStatus.DEAD).update(
         status=DeadLetterStatus.REPLAYED,
         replayed_job_id=job_id,
@@ -35,6 +37,7 @@ def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any
 def dead_letters_replayed(*, pks: Sequence[int], by: Any = None) -> int:
     """From dead to replayed for many rows in one UPDATE; each row's new job is the newest
     job whose replay_of points at it."""
+    batch.members_replayed(pks=pks)
     return DeadLetter.objects.filter(pk__in=pks, status=DeadLetterStatus.DEAD).update(
         status=DeadLetterStatus.REPLAYED,
         replayed_job_id=Subquery(

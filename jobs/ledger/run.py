@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from ..models import DeadLetter, Job
 from ..states import DeadLetterStatus, JobState, sources, target
+from . import batch
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def progress(*, job_id: str, done: int, total: int | None, message: str) -> None
     )
 
 
+@batch.moves_batch(JobState.SUCCEEDED)  # in one transaction with its batch's counters
 def succeed(*, job_id: str, attempt: int, run_seconds: float, result: Any = None) -> bool:
     """From running to succeeded, with the return value, in one UPDATE; a run that lost its
     claim changes nothing."""
@@ -272,6 +274,7 @@ class Defaults:
     priority: int
 
 
+@batch.moves_batch(JobState.DEAD)  # in one transaction with its batch's counters
 def give_up(
     *,
     job_id: str,

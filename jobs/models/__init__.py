@@ -5,20 +5,26 @@ from ..states import (  # re-exported: the models' vocabulary
     CLAIMABLE_STATES,
     FINISHED_STATES,
     WAITING_STATES,
+    BatchState,
     DeadLetterStatus,
     JobState,
 )
+from .batch import CALLBACK_KINDS, Batch, BatchQuerySet
 from .deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
 from .job import Effect, IdempotencyRecord, Job, JobQuerySet
 from .schedule import ScheduleFire, ScheduleFireQuerySet
 
 __all__ = [
     "ACTIVE_STATES",
+    "CALLBACK_KINDS",
     "CLAIMABLE_STATES",
     "DEAD_LETTER_FILTERS",
     "FINISHED_STATES",
     "WAITING_STATES",
     "AuditEntry",
+    "Batch",
+    "BatchQuerySet",
+    "BatchState",
     "DeadLetter",
     "DeadLetterQuerySet",
     "DeadLetterStatus",

@@ -207,6 +207,21 @@ class Job(models.Model):
         help_text="The dead letter this job replays.",
     )
 
+    # jobs.batches: the batch the job is a member of. No foreign-key constraint: a 100,000-member
+    # batch is one COPY, and a per-row constraint check would be its largest cost; the batch
+    # row is written first, in the same transaction.
+    batch = models.ForeignKey(
+        "Batch",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="members",
+        db_index=False,  # job_batch_idx: partial, over the rows that belong to a batch
+        db_constraint=False,
+        verbose_name="batch",
+        help_text="The batch the job is a member of.",
+    )
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -228,6 +243,12 @@ class Job(models.Model):
             # A cancel walks the tree a job fanned out; parents never change on the hot path.
             models.Index(
                 fields=["parent"], name="job_parent_idx", condition=Q(parent__isnull=False)
+            ),
+            # A batch's members page and its admin actions (replay dead, cancel pending).
+            models.Index(
+                fields=["batch", "enqueued_at"],
+                name="job_batch_idx",
+                condition=Q(batch__isnull=False),
             ),
         ]
         permissions = [

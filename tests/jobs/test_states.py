@@ -2,7 +2,8 @@
 
 For each event of jobs.states.TRANSITIONS the ledger write that carries it out is run on a row
 in each JobState: it must change the row exactly when the table allows the from-state, and
-lead where the table says. A new event without a case here fails the first test.
+lead where the table says. A new event without a case here fails the first test. The batch
+table (BATCH_TRANSITIONS) is walked the same way against jobs.ledger.batch at the end.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import pytest
 from django.utils import timezone
 
 from jobs import ledger
-from jobs.models import DeadLetter, Job, JobState
-from jobs.states import TRANSITIONS
+from jobs.ledger import batch as _batch_ledger  # noqa: F401  (ledger.batch below)
+from jobs.models import Batch, BatchState, DeadLetter, Job, JobState
+from jobs.states import BATCH_TRANSITIONS, TRANSITIONS
 
 PAST = timedelta(minutes=5)
 
@@ -160,3 +162,96 @@ def test_a_run_that_lost_its_claim_changes_nothing():
         is None
     )
     assert Job.objects.get(id=job.id).state == JobState.RUNNING
+
+
+# --- batches: jobs.states.BATCH_TRANSITIONS against jobs.ledger.batch -----------------------
+def batch_row(state: BatchState, **counters: int) -> Batch:
+    return Batch.objects.create(state=state, **counters)
+
+
+def member(batch: Batch, state: JobState) -> Job:
+    return row(state, batch=batch)
+
+
+def _ended(outcome: JobState) -> Callable[[Batch], Any]:
+    def write(batch: Batch) -> Any:
+        ledger.batch.member_ended(job_id=member(batch, outcome).id, outcome=outcome)
+
+    return write
+
+
+def _replayed(batch: Batch) -> Any:
+    dead = member(batch, JobState.DEAD)
+    letter = DeadLetter.objects.create(
+        job=dead,
+        job_id_value=str(dead.id),
+        task_name="tests.add",
+        queue="default",
+        exception_class="ValueError",
+        exception_message="no",
+        first_failed_at=timezone.now(),
+        last_failed_at=timezone.now(),
+    )
+    ledger.batch.member_replayed(dead_letter=letter, job_id=row(JobState.QUEUED).id)
+
+
+# event -> (the batch's counters before, its write, whether the write did what the event does)
+BATCH_WRITES: dict[str, tuple[dict[str, int], Callable[[Batch], Any], Callable[[Batch], bool]]] = {
+    "members_added": (
+        {"total": 1, "pending": 1},
+        lambda b: ledger.batch.members_added(batch_id=b.id, waiting=2),
+        lambda b: b.total == 3,
+    ),
+    "child_opened": (
+        {"total": 1, "pending": 1},
+        lambda b: ledger.batch.child_opened(parent_id=b.id),
+        lambda b: b.children_pending == 1,
+    ),
+    "member_ended": (
+        {"total": 2, "pending": 2},
+        _ended(JobState.SUCCEEDED),
+        lambda b: b.succeeded == 1 and b.pending == 1,
+    ),
+    "member_replayed": (
+        {"total": 2, "pending": 1, "dead": 1},
+        _replayed,
+        lambda b: b.dead == 0 and b.pending == 2,
+    ),
+    "first_death": ({"total": 2, "pending": 2}, _ended(JobState.DEAD), lambda b: bool(b.died_at)),
+    "batch_complete": (
+        {"total": 2, "pending": 1, "dead": 1},
+        _ended(JobState.SUCCEEDED),
+        lambda b: b.completed_at is not None,
+    ),
+    "batch_succeed": (
+        {"total": 1, "pending": 1},
+        _ended(JobState.SUCCEEDED),
+        lambda b: b.succeeded_at is not None,
+    ),
+}
+
+
+def test_every_batch_event_has_a_case():
+    assert set(BATCH_WRITES) == set(BATCH_TRANSITIONS)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("event", sorted(BATCH_TRANSITIONS))
+@pytest.mark.parametrize("state", list(BatchState))
+def test_each_batch_write_follows_the_table(event, state):
+    # given a batch in `state`
+    counters, write, did = BATCH_WRITES[event]
+    batch = batch_row(state, **counters)
+    transition = BATCH_TRANSITIONS[event]
+
+    # when the ledger write of `event` runs on it
+    write(batch)
+
+    # then it did what the event does exactly when the table allows the from-state
+    after = Batch.objects.get(id=batch.id)
+    allowed = transition.allows(state)
+    assert did(after) == allowed, (event, state)
+    if allowed and transition.target is not None:
+        assert after.state == transition.target
+    if not allowed:
+        assert after.state == state

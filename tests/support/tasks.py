@@ -232,3 +232,50 @@ def unreachable(key: str, to: str) -> None:
     """Fails every run with a transient error quoting its address: retried twice, then dead."""
     mark(key)
     raise ConnectionError(f"could not reach the mailbox of {to}")
+
+
+# --- batches (tests/jobs/test_batches.py) -----------------------------------------------------
+def _batch_fixed(key: str) -> bool:
+    return bool(redis_client().exists(f"test:flag:fixed:{key}"))
+
+
+@job(name="tests.batch_member", retry=RetryPolicy(max_attempts=1))
+def batch_member(key: str, index: int, fails: bool = False, seconds: float = 0.0) -> int:
+    """A batch member: records its run; one that `fails` gives up at once (Permanent) until
+    its cause is fixed (the test sets test:flag:fixed:<key>)."""
+    if seconds:
+        time.sleep(seconds)
+    mark(f"{key}:runs", index)
+    if fails and not _batch_fixed(key):
+        raise Permanent(f"member {index} cannot be processed")
+    return index
+
+
+@job(name="tests.batch_callback")
+def batch_callback(batch_id: str, key: str, kind: str) -> None:
+    """A batch callback: records which batch fired which kind."""
+    mark(f"{key}:{kind}", batch_id)
+
+
+@job(name="tests.batch_adder")
+def batch_adder(key: str, more: int) -> int:
+    """A member that adds `more` members to its own batch while it runs."""
+    import jobs
+
+    with jobs.batch(jobs.current_batch()):
+        for index in range(more):
+            batch_member.enqueue(key, 1000 + index)
+    return more
+
+
+@job(name="tests.batch_nester")
+def batch_nester(key: str, members: int) -> str:
+    """A member that opens a child batch of `members` slow members (it is the child's parent's)."""
+    import jobs
+
+    with jobs.batch(
+        description="child", on_complete=batch_callback.s(key, "child_complete")
+    ) as child:
+        for index in range(members):
+            batch_member.enqueue(key, 2000 + index, seconds=0.2)
+    return str(child.id)
