@@ -84,9 +84,11 @@ DATABASES = {
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # WAL lets the web process read while a worker writes; the timeout rides out short locks.
+    # WAL lets the web process read while a worker writes; the timeout (seconds a write waits
+    # for the single write lock before "database is locked") rides out short locks; IMMEDIATE
+    # takes the lock at BEGIN, so a transaction waits there instead of failing mid-way.
     DATABASES["default"]["OPTIONS"] = {
-        "timeout": 20,
+        "timeout": float(os.environ.get("SQLITE_TIMEOUT", "20")),
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
     }

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import redis
+from celery import current_app
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
+from django.db import DatabaseError, connections
+from django.utils import timezone
 
 from .conf import backlot_settings
+from .models import Job
 from .ratelimit import parse_rate
 from .registry import platform_tasks
 
@@ -124,5 +129,60 @@ def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             hint="Set BACKLOT['METRICS_TOKEN'] (the reference project reads METRICS_TOKEN from "
             "the environment) and give Prometheus the same bearer token.",
             id="jobs.W005",
+        )
+    ]
+
+
+# SQLite has one write lock for every process of the platform (web, workers, beat, relay): each
+# enqueue, claim and finish takes it. Beyond one host or this many jobs an hour, PostgreSQL.
+# (An estimate, well under what 4 worker processes on one WAL file sustain.)
+SQLITE_MAX_JOBS_PER_HOUR = 20_000
+MOVE_TO_POSTGRESQL = (
+    "Move the ledger to PostgreSQL: set DATABASE_URL=postgres://USER:PASSWORD@HOST:5432/NAME "
+    "for every process, run `python manage.py migrate`, then restart web, workers, beat and "
+    "the relay (let the queues drain first, or carry the rows over with dumpdata/loaddata). "
+    "SQLite suits one host and a small load: `make run`, development, a small site."
+)
+
+
+def _worker_hosts() -> set[str]:
+    """The hosts of the workers that answer a ping (half a second; none when Redis is away)."""
+    try:
+        replies = current_app.control.ping(timeout=0.5) or []
+    except Exception:  # noqa: BLE001 - a check never fails on an unreachable broker
+        return set()
+    return {node.partition("@")[2] or node for reply in replies for node in reply}
+
+
+@register(Tags.compatibility)
+def check_sqlite_scale(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """SQLite is the default for one host; warn where it is run past that."""
+    if connections["default"].vendor != "sqlite":
+        return []
+    reasons = []
+    if not settings.DEBUG:
+        reasons.append("DEBUG is off (a production deployment)")
+    hosts = _worker_hosts()
+    if len(hosts) > 1:
+        reasons.append(
+            f"workers on {len(hosts)} hosts ({', '.join(sorted(hosts))}) answer, and a SQLite "
+            "file cannot be shared safely between hosts"
+        )
+    try:
+        hour = Job.objects.filter(finished_at__gte=timezone.now() - timedelta(hours=1)).count()
+    except DatabaseError:  # not migrated yet
+        hour = 0
+    if hour > SQLITE_MAX_JOBS_PER_HOUR:
+        reasons.append(
+            f"{hour} jobs finished in the last hour (SQLite's single write lock serves about "
+            f"{SQLITE_MAX_JOBS_PER_HOUR} an hour)"
+        )
+    if not reasons:
+        return []
+    return [
+        Warning(
+            "The job ledger is on SQLite while " + "; and ".join(reasons) + ".",
+            hint=MOVE_TO_POSTGRESQL,
+            id="jobs.W006",
         )
     ]

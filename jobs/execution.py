@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from billiard.exceptions import SoftTimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry
@@ -153,6 +153,17 @@ def _succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> No
     _event(events.job_succeeded, task, attempt, duration=duration, result=result)
 
 
+def busy_database(task: Runnable, attempt: int) -> NoReturn:
+    """The run's own write found the database busy (SQLite's lock held past its timeout): that
+    says nothing about the job, so the attempt is not counted. The claim is freed and the
+    message goes back to its queue (Reject with requeue), to run again once the lock is free."""
+    job_id = _job_id(task)
+    if task.track and not ledger.busy_released(job_id=job_id, attempt=attempt):
+        raise Ignore()  # this run lost its claim meanwhile; the job's current run decides
+    logger.warning("Job %s: database busy; attempt %s not counted, requeued", job_id, attempt)
+    raise Reject("the database is busy (locked)", requeue=True)
+
+
 def attempt_failed(
     task: Runnable,
     exc: BaseException,
@@ -172,6 +183,8 @@ def attempt_failed(
         if isinstance(exc, SoftTimeLimitExceeded)
         else exc
     )
+    if ledger.database_busy(reason):
+        busy_database(task, attempt)  # a wait, not a failed attempt: never a dead letter
     if task.track and cancel_requested(_job_id(task)):
         # asked to stop, and it failed on the way out: cancelled, not retried or dead
         stopped_on_request(task, args, kwargs, attempt, run_seconds)

@@ -17,6 +17,7 @@ from .accept import (
     republish,
     waiting_but_due,
 )
+from .busy import busy_released, database_busy, when_free
 from .cancel import cancel_waiting, request_cancel, run_cancelled
 from .resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
 from .run import (
@@ -41,8 +42,10 @@ __all__ = [
     "Claim",
     "Defaults",
     "NewRow",
+    "busy_released",
     "cancel_waiting",
     "claim",
+    "database_busy",
     "dead_letter_replayed",
     "dead_letters_discarded",
     "dead_letters_replayed",
@@ -63,4 +66,5 @@ __all__ = [
     "run_cancelled",
     "succeed",
     "waiting_but_due",
+    "when_free",
 ]

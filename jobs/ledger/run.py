@@ -21,6 +21,7 @@ from django.utils import timezone
 from ..models import DeadLetter, Job
 from ..states import DeadLetterStatus, JobState, sources, target
 from . import batch
+from .busy import busy_retried
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +186,7 @@ def progress(*, job_id: str, done: int, total: int | None, message: str) -> None
 
 
 @batch.moves_batch(JobState.SUCCEEDED)  # in one transaction with its batch's counters
+@busy_retried  # SQLite's "database is locked" is waited out
 def succeed(*, job_id: str, attempt: int, run_seconds: float, result: Any = None) -> bool:
     """From running to succeeded, with the return value, in one UPDATE; a run that lost its
     claim changes nothing."""
@@ -224,6 +226,7 @@ def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str
     }
 
 
+@busy_retried  # SQLite's "database is locked" is waited out
 def retry_later(
     *,
     job_id: str,
@@ -275,6 +278,7 @@ class Defaults:
 
 
 @batch.moves_batch(JobState.DEAD)  # in one transaction with its batch's counters
+@busy_retried  # SQLite's "database is locked" is waited out
 def give_up(
     *,
     job_id: str,

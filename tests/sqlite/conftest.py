@@ -1,0 +1,225 @@
+"""The SQLite suite's fixtures: a SQLite file database (WAL, as `make run` configures it) made
+by `manage.py migrate`, a private Redis, real workers (2 workers, -c 2: four pool processes)
+on both, and a driver process through which the tests enqueue, relay, replay, cancel and read
+the ledger.
+
+pytest-django's test database is PostgreSQL (the main run's); nothing here touches it. The
+pytest process is bound to the shared Redis too, so everything SQLite-side runs in processes of
+its own whose DATABASE_URL and REDIS_URL point at this suite's file and Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from config.celery import app as project_app
+from jobs.testing import Worker as PlatformWorker
+from jobs.testing import wait_until
+from tests.conftest import LOG_DIR, ROOT
+from tests.system.faults.conftest import PrivateRedis
+
+# Worker processes: 2 workers x 2 pool processes, as the issue asks (4 processes on one file).
+WORKERS = 2
+CONCURRENCY = 2
+# Seconds a write waits for SQLite's lock before "database is locked" (config/settings.py's
+# SQLITE_TIMEOUT, 20 in `make run`): short here, so the busy-database test meets it quickly.
+BUSY_TIMEOUT = 1.0
+QUEUES = "default,emails,media,reports"
+
+
+class SQLiteWorker(PlatformWorker):
+    """A real worker of this project on the suite's SQLite file and private Redis; readiness
+    is asked over that Redis (the pytest process's Celery app talks to the shared one)."""
+
+    def __init__(self, name: str, env: dict[str, str], control: Any) -> None:
+        self.control = control
+        super().__init__(
+            "config",
+            queues=QUEUES,
+            concurrency=CONCURRENCY,
+            name=name,
+            env=env,
+            cwd=ROOT,
+            log_dir=LOG_DIR,
+            extra_args=[
+                "-I",
+                "tests.support.tasks,tests.sqlite.jobs",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-l",
+                "INFO",
+            ],
+            ready_timeout=90,
+        )
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"worker {self.name} exited:\n{self.output()[-3000:]}")
+        return bool(self.control.ping(destination=[self.name], timeout=0.5))
+
+
+class Driver:
+    """The driver process (tests/sqlite/driver.py): one JSON command in, one answer out."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.log_path = LOG_DIR / f"sqlite-driver-{uuid.uuid4().hex[:6]}.log"
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.sqlite.driver"],
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+            )
+
+    def __call__(self, cmd: str, **arguments: Any) -> Any:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
+        self.process.stdin.flush()
+        line = self.process.stdout.readline()
+        if not line:
+            raise AssertionError(f"the driver exited:\n{self.log_path.read_text()[-3000:]}")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise AssertionError(f"driver {cmd}: {answer['error']}\n{answer['traceback']}")
+        return answer["ok"]
+
+    def enqueue(self, task: str, *args: Any, kwargs: dict | None = None, **options: Any) -> str:
+        """task.using(**options).enqueue(*args, **kwargs) on SQLite; the job's id."""
+        answer = self("enqueue", task=task, args=list(args), kwargs=kwargs or {}, options=options)
+        return str(answer["id"])
+
+    def enqueue_many(self, task: str, calls: list[tuple[list, dict]]) -> list[str]:
+        """enqueue_many(task, calls) in one transaction on SQLite; the jobs' ids."""
+        return list(self("enqueue_many", task=task, calls=[[a, k] for a, k in calls])["ids"])
+
+    def jobs(self, ids: list[str]) -> list[dict[str, Any]]:
+        return list(self("jobs", ids=ids)["jobs"])
+
+    def wait_states(
+        self, ids: list[str], states: set[str], timeout: float = 60, what: str = "jobs"
+    ) -> list[dict[str, Any]]:
+        """Poll until every job is in one of `states`; returns their rows."""
+
+        def settled() -> list[dict[str, Any]] | None:
+            rows = self.jobs(ids)
+            return rows if all(r and r["state"] in states for r in rows) else None
+
+        return list(wait_until(settled, timeout=timeout, interval=0.25, what=what))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+class SQLiteSite:
+    """What the tests get: the database file, the driver, the private Redis and its marks."""
+
+    def __init__(
+        self, path: Path, driver: Driver, broker: PrivateRedis, env: dict[str, str], control: Any
+    ) -> None:
+        self.path = path
+        self.driver = driver
+        self.redis = broker.client
+        self.env = env  # DATABASE_URL (the SQLite file) and REDIS_URL (the private Redis)
+        self.control = control
+
+    def start_worker(self, name: str) -> SQLiteWorker:
+        """One more worker on the site (stopped by the caller)."""
+        return SQLiteWorker(name, self.env, self.control)
+
+    def marks(self, key: str) -> list[tuple[float, str]]:
+        out = []
+        for raw in self.redis.lrange(f"test:{key}", 0, -1):
+            text = raw.decode() if isinstance(raw, bytes) else str(raw)
+            stamp, _, value = text.partition("|")
+            out.append((float(stamp), value))
+        return out
+
+    def set_flag(self, key: str) -> None:
+        self.redis.set(f"test:flag:{key}", 1, ex=120)
+
+
+def _migrate(env: dict[str, str]) -> None:
+    began = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"\nsqlite: migrated in {time.monotonic() - began:.1f} s")
+
+
+@pytest.fixture(scope="package")
+def sqlite_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteSite]:
+    folder = ROOT / ".data" / "test-sqlite"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"backlot-{uuid.uuid4().hex[:8]}.sqlite3"
+    broker = PrivateRedis(tmp_path_factory.mktemp("sqlite-redis"))
+    broker.start()
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"sqlite:///{path}",
+        "REDIS_URL": broker.url,
+        "SQLITE_TIMEOUT": str(BUSY_TIMEOUT),
+        "BACKLOT_PROGRESS_INTERVAL": "0.1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    # Pings go over the private Redis, with the transport options the workers use (kombu's
+    # key separator, priority steps): a bare app's replies would not parse on their side.
+    pinger = Celery("sqlite-suite", broker=broker.url, set_as_current=False)
+    pinger.conf.broker_transport_options = dict(project_app.conf.broker_transport_options or {})
+    control = pinger.control
+    workers: list[SQLiteWorker] = []
+    driver: Driver | None = None
+    try:
+        _migrate(env)
+        driver = Driver(env)
+        workers = [SQLiteWorker(f"sqlite{n}", env, control) for n in range(WORKERS)]
+        yield SQLiteSite(path, driver, broker, env, control)
+    finally:
+        for worker in workers:
+            worker.stop()
+        if driver is not None:
+            driver.stop()
+        broker.stop()
+        for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            leftover.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def site(sqlite_site: SQLiteSite) -> SQLiteSite:
+    """The SQLite site. Tests keep apart by their unique keys; the broker is not emptied
+    between them (the workers' own keys live there)."""
+    return sqlite_site
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:12]
