@@ -26,8 +26,9 @@ from celery.utils.functional import maybe_list
 from celery.worker import state as worker_state
 from celery.worker.control import Panel
 from django.db import transaction
+from redis.exceptions import RedisError
 
-from . import events, ledger
+from . import events, ledger, slots
 from .exceptions import AlreadyFinished, UnknownTask
 from .models import Job
 from .registry import task_by_name
@@ -93,6 +94,7 @@ def _with_descendants(root: Job) -> tuple[list[Job], list[Job]]:
 
 
 def _after_commit(cancelled: list[Job], requested: list[Job], by: Any) -> None:
+    _leave_gates(cancelled)
     for job in cancelled:
         events.send(
             events.job_cancelled,
@@ -107,6 +109,25 @@ def _after_commit(cancelled: list[Job], requested: list[Job], by: Any) -> None:
     terminate = [str(job.id) for job in requested if _terminates(job.task_name)]
     if terminate:
         current_app.control.revoke(terminate, terminate=True, signal=TERMINATE_SIGNAL)
+
+
+def _leave_gates(cancelled: list[Job]) -> None:
+    """Cancelled jobs waiting for a rate or concurrency slot leave their gate (jobs.slots), so
+    the slot goes to the next waiter instead."""
+    try:
+        slots.forget(job.id for job in cancelled if _limited(job.task_name))
+    except RedisError as exc:  # their messages are dropped at claim, which frees the slot
+        logger.warning(
+            "Could not take %d cancelled jobs out of their gates: %s", len(cancelled), exc
+        )
+
+
+def _limited(task_name: str) -> bool:
+    try:
+        task = task_by_name(task_name)
+    except UnknownTask:
+        return False
+    return bool(task.cluster_rate_limit or task.concurrency_limit)
 
 
 def _terminates(task_name: str) -> bool:

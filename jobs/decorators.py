@@ -29,6 +29,8 @@ def job(
     soft_time_limit: float | None = ...,
     rate_limit: str | Mapping[str, str] | None = ...,
     rate_key: RateKey | None = ...,
+    concurrency: int | Mapping[str, int] | None = ...,
+    concurrency_key: RateKey | None = ...,
     priority: int = ...,
     track: bool = ...,
     bind: Literal[False] = ...,
@@ -49,6 +51,8 @@ def job(
     soft_time_limit: float | None = ...,
     rate_limit: str | Mapping[str, str] | None = ...,
     rate_key: RateKey | None = ...,
+    concurrency: int | Mapping[str, int] | None = ...,
+    concurrency_key: RateKey | None = ...,
     priority: int = ...,
     track: bool = ...,
     bind: Literal[True],
@@ -69,6 +73,8 @@ def job(
     soft_time_limit: float | None = None,
     rate_limit: str | Mapping[str, str] | None = None,
     rate_key: RateKey | None = None,
+    concurrency: int | Mapping[str, int] | None = None,
+    concurrency_key: RateKey | None = None,
     priority: int = 5,
     track: bool = True,
     bind: bool = False,
@@ -84,7 +90,11 @@ def job(
 
     rate_limit holds across every worker on every host; with rate_key (a kwarg name or a
     callable of (args, kwargs)) each key gets its own bucket, and rate_limit may map keys to
-    rates ({"free": "5/s", "pro": "50/s", "*": "10/s"}). priority is 0 (lowest) to 9 (highest).
+    rates ({"free": "5/s", "pro": "50/s", "*": "10/s"}). concurrency=N lets at most N run at
+    once across every worker on every host, per concurrency_key value (a kwarg name or a
+    callable, as rate_key; a mapping per key value as for rates): a job that finds no free slot
+    waits in Redis, holding no worker process and spending no attempt, and starts when a slot
+    frees. priority is 0 (lowest) to 9 (highest).
     track=False skips the ledger for high-volume trivial work (no status, no idempotency keys,
     and no stored result unless ignore_result=False is passed).
     on_dead(exc, args, kwargs) runs once the job gave up (after its dead letter is written),
@@ -109,6 +119,9 @@ def job(
     for rate in rate_limit.values() if isinstance(rate_limit, Mapping) else [rate_limit]:
         if rate is not None:
             parse_rate(rate)
+    check_concurrency(concurrency)
+    if concurrency is not None and not track:
+        raise ValueError("concurrency needs the job ledger: a job with track=False has no lease")
 
     if not track:
         celery_options.setdefault("ignore_result", True)
@@ -126,6 +139,10 @@ def job(
             soft_time_limit=soft_time_limit,
             cluster_rate_limit=rate_limit,
             rate_key=staticmethod(rate_key) if callable(rate_key) else rate_key,
+            concurrency_limit=concurrency,
+            concurrency_key=(
+                staticmethod(concurrency_key) if callable(concurrency_key) else concurrency_key
+            ),
             default_priority=priority,
             track=track,
             on_dead=staticmethod(on_dead) if on_dead else None,
@@ -135,3 +152,16 @@ def job(
         )(func)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def check_concurrency(concurrency: int | Mapping[str, int] | None) -> None:
+    """A concurrency limit is a positive int, or a mapping of key values to positive ints."""
+    limits = concurrency.values() if isinstance(concurrency, Mapping) else [concurrency]
+    for limit in limits:
+        if limit is None and not isinstance(concurrency, Mapping):
+            continue
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(
+                f"Invalid concurrency {concurrency!r}: expected a positive int, or a mapping of "
+                "keys to positive ints (e.g. {'free': 1, 'pro': 5, '*': 2})"
+            )

@@ -46,6 +46,10 @@ def request_priority(task: Runnable) -> int:
     broker = (task.request.delivery_info or {}).get("priority")
     return backlot_priority(broker) if isinstance(broker, int) else task.default_priority
 
+    concurrency_limit: int | Mapping[str, int] | None
+
+    def concurrency_slot(self, args: tuple, kwargs: dict) -> tuple[str, int | None]: ...
+
 
 def request_queue(task: Runnable) -> str:
     return (task.request.delivery_info or {}).get("routing_key") or task.queue_name

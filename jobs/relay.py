@@ -18,7 +18,8 @@ from django.db.models import Count
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import broker, events, execution, ledger, reservations
+from . import broker, events, execution, ledger, reservations, slots
+from .concurrency import Gates
 from .conf import backlot_settings
 from .enqueue import check_arguments, publish_job
 from .exceptions import UnknownTask
@@ -64,7 +65,10 @@ def job_relay(*, limit: int = 500) -> int:
     # Sooner where the broker shows it: a queue with no message at all (none waiting, none
     # taken and unacknowledged anywhere; dead workers' messages were given back above) cannot
     # be holding the message of a job that waits on it past its time.
+    waiting = _gate_queues()
     for queue in broker.idle_queues(conf.QUEUES):
+        if queue in waiting:
+            continue  # its jobs wait at their gates (jobs.slots), not in the broker's lists
         ledger.republish(
             now=now,
             published_before=now - RELAY_LOST_AFTER,
@@ -85,7 +89,24 @@ def job_relay(*, limit: int = 500) -> int:
             break  # the broker is unavailable: the rest wait for the next sweep
         sent += outcome is True
     _report_unknown_tasks()
-    return sent
+    return sent + _sweep_gates()
+
+
+def _gate_queues() -> set[str]:
+    try:
+        return Gates().waiting_queues()
+    except RedisError:
+        return set(backlot_settings().QUEUES)  # unknown: assume every queue has waiters
+
+
+def _sweep_gates() -> int:
+    """Let waiting jobs through the slots nobody finished a job to free: a dead worker's slot
+    (its lease lapsed), a rare rate token, a key whose waiters were never woken."""
+    try:
+        return slots.sweep()
+    except RedisError as exc:
+        logger.warning("relay: could not sweep the gates: %s", exc)
+        return 0
 
 
 def _publish_one(job: Job) -> bool | None:

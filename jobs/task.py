@@ -66,6 +66,9 @@ class PlatformTask(Task[P, R]):
     default_priority: int = 5
     cluster_rate_limit: str | Mapping[str, str] | None = None
     rate_key: RateKey | None = None
+    # At most this many running at once per concurrency_key value, cluster-wide (jobs.slots).
+    concurrency_limit: int | Mapping[str, int] | None = None
+    concurrency_key: RateKey | None = None
     # Called as on_dead(exc, args, kwargs) after the job gave up and its dead letter is written.
     on_dead: Callable[[BaseException, tuple, dict], None] | None = None
     # "cooperative": a cancel stops the run at its next progress() call (JobCancelled);
@@ -252,11 +255,24 @@ class PlatformTask(Task[P, R]):
 
     def rate_bucket(self, args: tuple, kwargs: dict) -> tuple[str, str | None]:
         """The bucket name and rate for this call (per key when rate_key is set)."""
-        key = None
-        if isinstance(self.rate_key, str):
-            key = kwargs.get(self.rate_key)
-        elif callable(self.rate_key):
-            key = self.rate_key(args, kwargs)
+        key = _key_of(self.rate_key, args, kwargs)
         limit = self.cluster_rate_limit
         rate = limit.get(str(key), limit.get("*")) if isinstance(limit, Mapping) else limit
         return (self.name if key is None else f"{self.name}:{key}"), rate
+
+    def concurrency_slot(self, args: tuple, kwargs: dict) -> tuple[str, int | None]:
+        """The slot set name and how many may run at once for this call (per key when
+        concurrency_key is set; a mapping is looked up by the key, then "*")."""
+        key = _key_of(self.concurrency_key, args, kwargs)
+        limit = self.concurrency_limit
+        most = limit.get(str(key), limit.get("*")) if isinstance(limit, Mapping) else limit
+        return (self.name if key is None else f"{self.name}:{key}"), most
+
+
+def _key_of(key: RateKey | None, args: tuple, kwargs: dict) -> Any:
+    """A rate_key's or concurrency_key's value for a call: the named kwarg, or the callable's."""
+    if isinstance(key, str):
+        return kwargs.get(key)
+    if callable(key):
+        return key(args, kwargs)
+    return None

@@ -279,3 +279,8 @@ def batch_nester(key: str, members: int) -> str:
         for index in range(members):
             batch_member.enqueue(key, 2000 + index, seconds=0.2)
     return str(child.id)
+
+
+# Jobs behind concurrency and rate limits (tests/jobs/test_concurrency_limits.py): registered in
+# every test worker, which import this module.
+from tests.support import limited_tasks as limited_tasks  # noqa: E402
