@@ -90,11 +90,12 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
         self.last_fires: dict[str, dt.datetime] = {}
         self._pruned_at = 0.0
         super().__init__(*args, **kwargs)
-        logger.info(
-            "Beat %s started (missed fire times: %s)",
-            self.identity,
-            "run once" if self.catch_up == "run_once" else "skipped",
-        )
+        if not kwargs.get("lazy"):  # (celery beat makes a lazy one for its banner too)
+            logger.info(
+                "Beat %s started (missed fire times: %s)",
+                self.identity,
+                "run once" if self.catch_up == "run_once" else "skipped",
+            )
 
     # --- leading ---------------------------------------------------------------------
     def lead(self) -> bool:
