@@ -8,6 +8,12 @@
 For an external side effect (a payment provider, an email API), pass the same key to the
 provider as its idempotency key, so a retry after a crash between the call and the commit is
 recognized by the provider.
+
+Inside a job's run the effect is fenced by the run's claim: a run that lost it (its lease
+lapsed and another run took the job over) gets LeaseLost instead of the block, and the claim is
+checked again, row locked, in the block's own transaction before it commits. So the effect
+record and the block's writes commit only while this run holds the job; the run that took it
+over finds them done, or applies them itself.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from dataclasses import dataclass
 from celery import current_task
 from django.db import IntegrityError, transaction
 
+from .exceptions import LeaseLost
+from .lease import current, refused, renewer
 from .models import Effect
 
 
@@ -35,6 +43,13 @@ def effect_once(key: str) -> Iterator[EffectRecord]:
         raise ValueError("effect key must be 1-255 characters")
     task = current_task
     job_id = getattr(getattr(task, "request", None), "id", None)
+    hold = current() or (renewer.held(job_id) if job_id else None)
+    if hold is not None:
+        try:
+            hold.check()  # a run known to be lost does not start the block
+        except LeaseLost:
+            refused("effect", hold.job_id, hold.attempt)
+            raise
     with transaction.atomic():
         try:
             with transaction.atomic():
@@ -43,6 +58,12 @@ def effect_once(key: str) -> Iterator[EffectRecord]:
             yield EffectRecord(key=key, done=True)
             return
         yield EffectRecord(key=key, done=False)
+        if hold is not None:
+            try:
+                hold.fence()  # the same transaction: rolled back with the block if lost
+            except LeaseLost:
+                refused("effect", hold.job_id, hold.attempt)
+                raise
 
 
 def effect_applied(key: str) -> bool:

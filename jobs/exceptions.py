@@ -37,3 +37,15 @@ class AlreadyFinished(BacklotError):
 class JobCancelled(BacklotError):
     """Raised inside a running job by self.progress() once it was asked to stop: the run ends
     cancelled (no retry, no dead letter). A job may catch it to clean up, then re-raise."""
+
+
+class LeaseLost(BacklotError):
+    """Raised inside a running job whose run no longer holds its claim: its lease lapsed (its
+    renewals failed, its process was stopped) or another run took the job over. The run's
+    progress, effects and finish are refused; the job's current run decides its outcome.
+    A job may catch it to clean up, then re-raise."""
+
+    def __init__(self, job_id: str, reason: str) -> None:
+        super().__init__(f"Job {job_id}: this run lost its claim ({reason})")
+        self.job_id = job_id
+        self.reason = reason

@@ -14,16 +14,16 @@ from typing import Any, NoReturn
 
 from billiard.exceptions import SoftTimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, connection
 from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from . import context, events, ledger, tracing
 from .conf import backlot_settings
-from .exceptions import BrokerUnavailable, JobCancelled
-from .lease import renewer
-from .models import Job
+from .exceptions import BrokerUnavailable, JobCancelled, LeaseLost
+from .lease import holding, refused, renewer
+from .models import Job, JobState
 from .policies import Permanent, TimeLimitHit
 from .redelivery import (
     Runnable,
@@ -32,8 +32,35 @@ from .redelivery import (
     resend,
     take_rate_slot,
 )
+from .redis import redis_client
 
 logger = logging.getLogger(__name__)
+
+# Deliveries by what the claim made of them (a hash: outcome -> count; read by /metrics):
+# "claimed", "duplicate", "early", "missing", "adopted_elsewhere", "requeued" (the ledger
+# could not be reached), "rate_limited" (re-sent for its turn).
+DELIVERIES = "backlot:metrics:deliveries"
+
+
+def count_delivery(outcome: str) -> None:
+    try:
+        redis_client().hincrby(DELIVERIES, outcome, 1)
+    except Exception as exc:  # noqa: BLE001 - metrics must never fail a delivery
+        logger.debug("Could not count a %s delivery: %s", outcome, exc)
+
+
+def _lease_owner(task: Runnable) -> str | None:
+    """The claim token of the run in this process (None in the worker's main process, whose
+    writes are fenced by the attempt alone)."""
+    hold = getattr(task.request, "_backlot_hold", None)
+    return hold.lease_owner if hold is not None else None
+
+
+def lost(task: Runnable, write: str, attempt: int) -> None:
+    """This run's `write` was refused (it lost its claim): logged, counted, and the delivery
+    ends without an outcome (raises Ignore: Celery acks; the job's current run decides)."""
+    refused(write, _job_id(task), attempt)
+    raise Ignore()
 
 
 def _defaults(task: Runnable) -> ledger.Defaults:
@@ -67,8 +94,9 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         if task.cluster_rate_limit and not take_rate_slot(task, args, kwargs):
             raise Ignore()
         claim = None
+        since = time.monotonic()  # the claim's lease runs from before its UPDATE
         if task.track:
-            claim = ledger.claim(
+            claimed = ledger.claim_delivery(
                 job_id=request.id,
                 lease_seconds=lease_seconds,
                 adopt=Job(
@@ -81,11 +109,15 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
                     max_attempts=task.policy.max_attempts,
                 ),
             )
-            if claim is None:
+            if isinstance(claimed, ledger.Dropped):
+                count_delivery(claimed.reason)
                 raise Ignore()
+            claim = claimed
+            count_delivery("claimed")
     except (DatabaseError, RedisError, KombuError, OSError) as exc:
         # The ledger or Redis is unreachable: hand the message back rather than ack it.
         logger.warning("Job %s could not be claimed (%s); message requeued", request.id, exc)
+        count_delivery("requeued")
         raise Reject(str(exc), requeue=True) from exc
     except (Ignore, Reject):
         raise
@@ -96,14 +128,30 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
     failures = claim.failures if claim else []
     tracing.set_attempt(attempt)
     _event(events.job_started, task, attempt)
+    hold = None
     if claim:
-        renewer.hold(job_id=request.id, attempt=attempt, lease_seconds=lease_seconds)
+        hold = renewer.hold(
+            job_id=request.id,
+            attempt=attempt,
+            lease_seconds=lease_seconds,
+            lease_owner=claim.lease_owner,
+            since=since,
+        )
+    # Kept on Celery's per-request Context: the run's writes match its claim's token.
+    request._backlot_hold = hold
     started = time.monotonic()
     try:
-        with context.running(str(request.id), claim.owner_id if claim else None):
-            result = task.run(*args, **kwargs)
+        try:
+            owner_id = claim.owner_id if claim else None
+            with context.running(str(request.id), owner_id), holding(hold):
+                result = task.run(*args, **kwargs)
+        finally:
+            if hold is not None:  # the finish below is fenced; renewals stop first
+                renewer.release(request.id)
     except Retry:
         raise
+    except LeaseLost:
+        released_lost_run(task, attempt)
     except JobCancelled:
         stopped_on_request(task, args, kwargs, attempt, time.monotonic() - started)
         raise Ignore() from None
@@ -113,7 +161,7 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
     except Reject as exc:
         # celery-types omits Reject's requeue/reason, which Reject.__init__ sets.
         if exc.requeue and task.track:  # type: ignore[attr-defined]
-            ledger.release(job_id=request.id)
+            ledger.release(job_id=request.id, attempt=attempt, lease_owner=_lease_owner(task))
             raise
         reason = Permanent(f"rejected: {exc.reason}")  # type: ignore[attr-defined]
         attempt_failed(
@@ -138,8 +186,6 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         )
         raise  # gave up: Celery records the failure and acknowledges after the dead letter
     finally:
-        if claim:
-            renewer.release(request.id)
         throttle = getattr(request, "_backlot_progress", None)
         if throttle is not None:
             throttle.close()
@@ -149,7 +195,15 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
 
 def _succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> None:
     if task.track:
-        ledger.succeed(job_id=_job_id(task), attempt=attempt, run_seconds=duration, result=result)
+        written = ledger.succeed(
+            job_id=_job_id(task),
+            attempt=attempt,
+            run_seconds=duration,
+            result=result,
+            lease_owner=_lease_owner(task),
+        )
+        if not written:
+            lost(task, "succeed", attempt)
     _event(events.job_succeeded, task, attempt, duration=duration, result=result)
 
 
@@ -162,6 +216,27 @@ def busy_database(task: Runnable, attempt: int) -> NoReturn:
         raise Ignore()  # this run lost its claim meanwhile; the job's current run decides
     logger.warning("Job %s: database busy; attempt %s not counted, requeued", job_id, attempt)
     raise Reject("the database is busy (locked)", requeue=True)
+
+
+def released_lost_run(task: Runnable, attempt: int) -> None:
+    """The run raised LeaseLost: it lost its claim, or stopped itself before its lease could
+    lapse. If this run still holds the claim, it frees it and hands its message back (the job
+    runs again soon); otherwise the run that took the job over decides, and the message is
+    acknowledged. Raises Reject or Ignore."""
+    job_id, owner = _job_id(task), _lease_owner(task)
+    freed = False
+    if task.track and owner is not None:
+        try:
+            ledger.release(job_id=job_id, attempt=attempt, lease_owner=owner)
+            freed = Job.objects.filter(
+                id=job_id, state=JobState.QUEUED, attempts=attempt, lease_owner=owner
+            ).exists()
+        except (DatabaseError, InterfaceError) as exc:  # the outage it stopped for: re-queued later
+            logger.warning("Job %s: lost run not released (%s)", job_id, type(exc).__name__)
+    if freed:
+        count_delivery("released_lost")
+        raise Reject("this run lost its lease; the job runs again", requeue=True)
+    lost(task, "finish", attempt)
 
 
 def attempt_failed(
@@ -245,7 +320,10 @@ def give_up(
         run_seconds=run_seconds,
         claimed_attempt=attempt if fenced else None,
         tracked=task.track,
+        lease_owner=_lease_owner(task) if fenced else None,
     )
+    if dead_letter is None and fenced and task.track:
+        lost(task, "dead", attempt)
     _event(
         events.job_dead,
         task,
@@ -261,13 +339,35 @@ def cancel_requested(job_id: str) -> bool:
     return Job.objects.filter(id=job_id, cancel_requested_at__isnull=False).exists()
 
 
+def cancel_seen(job_id: str) -> bool:
+    """cancel_requested() for a running job's own checks: False while the ledger cannot be
+    read (a database outage must not fail the job; its lease decides when it stops)."""
+    try:
+        return cancel_requested(job_id)
+    except (DatabaseError, InterfaceError) as exc:
+        logger.warning("Job %s: cancel check failed (%s)", job_id, type(exc).__name__)
+        if not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()  # reconnect at the next check
+        return False
+
+
 def stopped_on_request(
     task: Runnable, args: Any, kwargs: Any, attempt: int, run_seconds: float | None
 ) -> None:
     """The run stopped because it was cancelled (JobCancelled, or its process terminated):
     the row ends cancelled, the event is sent and the job's on_cancelled hook runs."""
-    if task.track:
-        ledger.run_cancelled(job_id=_job_id(task), run_seconds=run_seconds)
+    owner = _lease_owner(task)
+    if (
+        task.track
+        and not ledger.run_cancelled(
+            job_id=_job_id(task),
+            run_seconds=run_seconds,
+            attempt=attempt if owner else None,
+            lease_owner=owner,
+        )
+        and owner
+    ):
+        lost(task, "cancel", attempt)
     _event(events.job_cancelled, task, attempt, while_running=True, by=None, duration=run_seconds)
     if task.on_cancelled is not None:
         try:
@@ -330,8 +430,10 @@ def _schedule_retry(
             exc=exc,
             delay=delay,
             run_seconds=run_seconds or 0.0,
+            lease_owner=_lease_owner(task),
         )
         if due is None:
+            refused("retry", job_id, attempt)
             return False
         if delay > backlot_settings().MAX_BROKER_COUNTDOWN:
             return True  # a long wait stays in the ledger; the relay publishes it when due

@@ -1,8 +1,16 @@
-"""Keeps running jobs' claims alive: a short lease, renewed from one thread per process.
+"""Keeps running jobs' claims alive, and fences the runs that lost theirs.
 
-A worker that dies (kill -9, a lost host, a hard time limit) stops renewing; once the lease
-lapses the relay puts the job back in the queue and the next claim may take it. Recovery is
-bounded by the lease, not by the job's time limit or Redis' visibility timeout.
+A claim is a short lease, renewed from one thread per process. A worker that dies (kill -9, a
+lost host, a hard time limit) stops renewing; once the lease lapses the relay puts the job back
+in the queue and the next claim may take it. Recovery is bounded by the lease, not by the
+job's time limit or Redis' visibility timeout.
+
+Every claim carries a token (Job.lease_owner). The run's writes (progress, finish, release) and
+effect_once match it in the same statement or transaction, so a run whose job another run took
+over changes nothing. A run also stops itself before its lease can lapse: once LOST_AT of the
+lease has passed since the ledger last confirmed its claim (its renewals fail: a database
+outage, a stopped process, a C call that held the GIL), or a renewal finds the claim gone, the
+run is lost, and its next progress() or effect_once raises LeaseLost inside the job.
 
 One renewer thread per process serves every job it runs: starting a thread per job cost more
 than the job itself for short jobs (Thread.start waits for the new thread to run).
@@ -14,46 +22,169 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from django.db import close_old_connections, connections
 
 from . import ledger
+from .exceptions import LeaseLost
+from .redis import redis_client
 
 logger = logging.getLogger(__name__)
 
+# A run counts as lost once this share of its lease has passed since the ledger last confirmed
+# its claim: renewals run every third of the lease, so a healthy run is confirmed at 1/3 and
+# 2/3 and never gets here; one that missed two renewals stops with a fifth of the lease (6 s
+# of the default 30 s) left before another worker may take its job.
+LOST_AT = 0.8
+# After a failed renewal the next try comes this share of the lease later (not a full third).
+RETRY_AFTER = 0.1
+# Fenced writes refused and runs lost, by kind (a hash: "refused:<write>" / "lost:<cause>" ->
+# count; read by /metrics).
+FENCING = "backlot:metrics:fencing"
 
-@dataclass
-class _Lease:
+
+def count(field: str) -> None:
+    """Count a fencing event in FENCING; never raises (Redis may be the thing that is down)."""
+    try:
+        redis_client().hincrby(FENCING, field, 1)
+    except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
+        logger.debug("Could not count %s: %s", field, exc)
+
+
+def refused(write: str, job_id: str, attempt: int) -> None:
+    """A write of a run that no longer holds its claim was refused: log it (ids only) and
+    count it."""
+    logger.warning(
+        "Job %s: run of attempt %s lost its claim; its %s was refused", job_id, attempt, write
+    )
+    count(f"refused:{write}")
+
+
+@dataclass(eq=False)
+class Hold:
+    """One run's claim on a job, as its process sees it."""
+
     job_id: str
     attempt: int
+    lease_owner: str | None
     lease_seconds: float
-    renewed: float  # time.monotonic() of the claim or the last renewal
+    confirmed: float  # time.monotonic() just before the claim or renewal the ledger last took
+    lost: str = ""  # why the run lost its claim; empty while it holds it
+    released: bool = False  # the run ended (its finish is its own business)
+    failures: int = 0  # renewals failed in a row
+    last_try: float = 0.0
+    on_renew: Callable[[], None] | None = None  # renews what the run holds with it (a slot)
+
+    @property
+    def deadline(self) -> float:
+        """When the run counts as lost unless a renewal confirms it first (monotonic)."""
+        return self.confirmed + self.lease_seconds * LOST_AT
+
+    def check(self, now: float | None = None) -> None:
+        """Raise LeaseLost if the run lost its claim (or renewals stopped confirming it)."""
+        if not self.lost and (time.monotonic() if now is None else now) >= self.deadline:
+            self.lose("renewals failed")
+        if self.lost:
+            raise LeaseLost(self.job_id, self.lost)
+
+    def lose(self, cause: str) -> None:
+        """The run no longer holds its claim: logged and counted once."""
+        if self.lost or self.released:
+            return
+        self.lost = cause
+        logger.warning(
+            "Job %s: run of attempt %s lost its claim (%s); it stops at its next progress "
+            "call or effect",
+            self.job_id,
+            self.attempt,
+            cause,
+        )
+        count(f"lost:{cause.replace(' ', '_')}")
+
+    def fence(self) -> None:
+        """Confirm, inside the caller's transaction, that this run still holds its claim (the
+        row stays locked until that transaction ends); LeaseLost if it does not."""
+        self.check()
+        if not ledger.renew(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            lease_seconds=self.lease_seconds,
+            lease_owner=self.lease_owner,
+        ):
+            self.lose("taken over")
+            raise LeaseLost(self.job_id, self.lost or "taken over")
+
+
+_current: ContextVar[Hold | None] = ContextVar("backlot_current_hold", default=None)
+
+
+@contextmanager
+def holding(hold: Hold | None) -> Iterator[None]:
+    """Inside a run: effect_once and progress find the run's claim here."""
+    token = _current.set(hold)
+    try:
+        yield
+    finally:
+        _current.reset(token)
 
 
 class LeaseRenewer:
     """Renews each registered lease every third of its length, until it is released."""
 
     def __init__(self) -> None:
-        self._leases: dict[str, _Lease] = {}
+        self._leases: dict[str, Hold] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._nap = 5.0  # the renewer's current sleep between rounds
 
-    def hold(self, *, job_id: str, attempt: int, lease_seconds: float) -> None:
-        """Start renewing the lease of a run that has just been claimed."""
+    def hold(
+        self,
+        *,
+        job_id: str,
+        attempt: int,
+        lease_seconds: float,
+        lease_owner: str | None = None,
+        since: float | None = None,
+        on_renew: Callable[[], None] | None = None,
+    ) -> Hold:
+        """Start renewing the lease of a run that has just been claimed (`since`: the monotonic
+        time taken before the claim, whose lease runs from then); `on_renew()` runs after each
+        renewal (a concurrency slot lasts as long as the lease: jobs.slots)."""
+        hold = Hold(
+            job_id,
+            attempt,
+            lease_owner,
+            lease_seconds,
+            time.monotonic() if since is None else since,
+            on_renew=on_renew,
+        )
         with self._lock:
-            self._leases[job_id] = _Lease(job_id, attempt, lease_seconds, time.monotonic())
+            self._leases[job_id] = hold
             self._ensure_thread()
             wake = lease_seconds / 3 < self._nap
         if wake:  # a shorter lease than those held must not wait out the current nap
             self._wake.set()
+        return hold
 
     def release(self, job_id: str) -> None:
         with self._lock:
-            self._leases.pop(job_id, None)
+            hold = self._leases.pop(job_id, None)
+        if hold is not None:
+            hold.released = True
+
+    def held(self, job_id: str) -> Hold | None:
+        """The claim this process holds on `job_id` (the current run's), or None."""
+        hold = _current.get()
+        if hold is not None and hold.job_id == str(job_id):
+            return hold
+        with self._lock:
+            return self._leases.get(str(job_id))
 
     def _ensure_thread(self) -> None:
         # A forked pool process inherits the object but not the thread: start its own.
@@ -64,34 +195,70 @@ class LeaseRenewer:
 
     def _run(self) -> None:
         while True:
+            now = time.monotonic()
             with self._lock:
-                due = [
-                    lease
-                    for lease in self._leases.values()
-                    if time.monotonic() - lease.renewed >= lease.lease_seconds / 3
-                ]
-                nap = min((lease.lease_seconds / 3 for lease in self._leases.values()), default=5)
+                # Not confirmed in time: the run stops itself (its next progress call raises).
+                expired = [hold for hold in self._leases.values() if now >= hold.deadline]
+                for hold in expired:
+                    del self._leases[hold.job_id]
+                due = [hold for hold in self._leases.values() if self._next(hold) <= now]
+                wakes = [min(self._next(hold), hold.deadline) for hold in self._leases.values()]
+                nap = min(wakes, default=now + 5) - now
                 self._nap = max(0.05, min(nap, 5.0))
-            for lease in due:
-                self._renew(lease)
+            for hold in expired:
+                hold.lose("renewals failed")
+            for hold in due:
+                self._renew(hold)
             self._wake.wait(self._nap)
             self._wake.clear()
 
-    def _renew(self, lease: _Lease) -> None:
+    @staticmethod
+    def _next(hold: Hold) -> float:
+        """When `hold` is next renewed: a third of the lease after it was last confirmed, and
+        sooner again after a failure."""
+        if hold.failures:
+            return hold.last_try + hold.lease_seconds * RETRY_AFTER
+        return hold.confirmed + hold.lease_seconds / 3
+
+    def _renew(self, hold: Hold) -> None:
+        started = hold.last_try = time.monotonic()
         try:
             close_old_connections()  # this thread's own connection, dropped if it broke
             held = ledger.renew(
-                job_id=lease.job_id, attempt=lease.attempt, lease_seconds=lease.lease_seconds
+                job_id=hold.job_id,
+                attempt=hold.attempt,
+                lease_seconds=hold.lease_seconds,
+                lease_owner=hold.lease_owner,
             )
-        except Exception as exc:  # noqa: BLE001 - the next renewal may succeed; two misses lapse it
-            logger.warning("Could not renew the lease of job %s: %s", lease.job_id, exc)
+        except Exception as exc:  # noqa: BLE001 - the next renewal may succeed before the deadline
+            hold.failures += 1
+            logger.warning(
+                "Could not renew the lease of job %s (%s in a row): %s",
+                hold.job_id,
+                hold.failures,
+                type(exc).__name__,
+            )
             connections.close_all()
             return
         with self._lock:
-            if not held:  # the run finished, or lost its claim
-                self._leases.pop(lease.job_id, None)
-            elif lease.job_id in self._leases:
-                lease.renewed = time.monotonic()
+            if hold.job_id not in self._leases or self._leases[hold.job_id] is not hold:
+                return  # the run ended meanwhile
+            if held:
+                hold.confirmed, hold.failures = started, 0
+            else:
+                self._leases.pop(hold.job_id, None)  # another run took the job over
+        if not held:
+            hold.lose("taken over")
+        elif hold.on_renew is not None:
+            try:
+                hold.on_renew()
+            except Exception as exc:  # noqa: BLE001 - the next round renews it again
+                logger.warning("Could not renew the slot of job %s: %s", hold.job_id, exc)
 
 
 renewer = LeaseRenewer()
+
+
+def current() -> Hold | None:
+    """The claim of the run this code runs in (set by jobs.execution), or None."""
+    return _current.get()

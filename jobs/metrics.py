@@ -12,10 +12,12 @@ from prometheus_client.registry import Collector
 from . import telemetry
 from .beat import LAST_TICK_KEY
 from .conf import backlot_settings
+from .execution import DELIVERIES
+from .lease import FENCING
 from .models import DeadLetter
 from .monitoring import queue_stats, workers_online
 from .pausing import paused_queues
-from .redis import redis_client
+from .redis import redis_client, redis_text
 from .relay import LEASE_LAPSES, unknown_tasks
 
 # When `manage.py jobs relay` last finished a sweep (a Unix time, expiring a minute after the
@@ -56,6 +58,42 @@ class BacklotCollector(Collector):
         yield dead
         yield from telemetry.collect()
         yield from _processes()
+        yield from _fencing()
+
+
+def _fencing() -> Iterator[Any]:
+    """Deliveries by what the claim made of them, and the fence at work: writes refused
+    because their run had lost its claim, and runs that found themselves lost (jobs.lease)."""
+    client = redis_client()
+    deliveries = CounterMetricFamily(
+        "backlot_deliveries",
+        "Messages workers received, by what the claim made of them (claimed, duplicate, "
+        "early, missing, requeued, ...).",
+        labels=["outcome"],
+    )
+    for field, n in sorted(client.hgetall(DELIVERIES).items()):
+        deliveries.add_metric([redis_text(field)], int(n))
+    yield deliveries
+    refused = CounterMetricFamily(
+        "backlot_fenced_writes",
+        "Writes of runs that had lost their claim, refused (succeed, retry, dead, cancel, "
+        "progress, effect, finish).",
+        labels=["write"],
+    )
+    lost = CounterMetricFamily(
+        "backlot_runs_lost",
+        "Runs that lost their claim: renewals failed (stopped before the lease lapsed) or "
+        "taken over by another run.",
+        labels=["cause"],
+    )
+    for field, n in sorted(client.hgetall(FENCING).items()):
+        kind, _, name = redis_text(field).partition(":")
+        if kind == "refused":
+            refused.add_metric([name], int(n))
+        elif kind == "lost":
+            lost.add_metric([name], int(n))
+    yield refused
+    yield lost
 
 
 def _processes() -> Iterator[Any]:

@@ -242,7 +242,7 @@ class PlatformTask(Task[P, R]):
         if now - getattr(request, "_backlot_cancel_checked", 0.0) < CANCEL_CHECK_INTERVAL:
             return False
         request._backlot_cancel_checked = now  # type: ignore[attr-defined]
-        asked = execution.cancel_requested(str(request.id))
+        asked = execution.cancel_seen(str(request.id))
         request._backlot_cancelled = asked  # type: ignore[attr-defined]
         return asked
 

@@ -37,9 +37,16 @@ def request_cancel(job_ids: Iterable[Any]) -> int:
 
 
 @batch.moves_batch(JobState.CANCELLED)  # in one transaction with its batch's counters
-def run_cancelled(*, job_id: str, run_seconds: float | None = None) -> bool:
+def run_cancelled(
+    *,
+    job_id: str,
+    run_seconds: float | None = None,
+    attempt: int | None = None,
+    lease_owner: str | None = None,
+) -> bool:
     """From running to cancelled: the run stopped on its cancellation request (or was
-    terminated by a revoke). No retry, no dead letter."""
+    terminated by a revoke). No retry, no dead letter. With `attempt` / `lease_owner`, only
+    the run holding that claim may do it (False otherwise)."""
     now = timezone.now()
     fields: dict[str, Any] = {
         "state": target("run_cancelled"),
@@ -50,4 +57,9 @@ def run_cancelled(*, job_id: str, run_seconds: float | None = None) -> bool:
     }
     if run_seconds is not None:
         fields["run_seconds"] = run_seconds
-    return bool(Job.objects.filter(id=job_id, state__in=sources("run_cancelled")).update(**fields))
+    rows = Job.objects.filter(id=job_id, state__in=sources("run_cancelled"))
+    if attempt is not None:
+        rows = rows.filter(attempts=attempt)
+    if lease_owner is not None:
+        rows = rows.filter(lease_owner=lease_owner)
+    return bool(rows.update(**fields))

@@ -41,11 +41,24 @@ class Claim:
     max_attempts: int
     failures: list[dict[str, Any]]
     owner_id: int | None = None  # the jobs this run enqueues belong to the same user
+    # This claim's token (Job.lease_owner): every write of the run matches it, so a run whose
+    # claim another run took over (after its lease lapsed) changes nothing.
+    lease_owner: str | None = None
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A delivery that did not claim its job, and why (for the per-path delivery counts):
+    "duplicate" (running or finished), "early" (before its time), "missing" (no ledger row),
+    "adopted_elsewhere" (a concurrent delivery adopted it)."""
+
+    reason: str
 
 
 _CLAIM_SQL = """
 UPDATE {table} SET state = %s, attempts = attempts + 1, deliveries = deliveries + 1,
-    started_at = COALESCE(started_at, %s), last_started_at = %s, lease_expires_at = %s
+    started_at = COALESCE(started_at, %s), last_started_at = %s, lease_expires_at = %s,
+    lease_owner = %s
 WHERE id = %s AND (
     state = %s
     OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
@@ -56,7 +69,16 @@ RETURNING attempts, max_attempts, failures, owner_id
 
 def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Claim | None:
     """From waiting (or running under a lapsed lease) to running, for this delivery; None
-    when the message must be dropped.
+    when the message must be dropped (claim_delivery says why)."""
+    claimed = claim_delivery(job_id=job_id, lease_seconds=lease_seconds, adopt=adopt)
+    return claimed if isinstance(claimed, Claim) else None
+
+
+def claim_delivery(
+    *, job_id: str, lease_seconds: float, adopt: Job | None = None
+) -> Claim | Dropped:
+    """From waiting (or running under a lapsed lease) to running, for this delivery, with a new
+    lease owner token; Dropped (with the reason) when the message must be dropped.
 
     Only a job that waits (queued, scheduled, retrying), or runs under an expired lease, can
     be claimed: a redelivered message of a running or finished job is a duplicate. A message
@@ -87,14 +109,14 @@ def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Cla
         if job is None:
             if adopt is None:
                 logger.warning("Job %s has no ledger row; message dropped", job_id)
-                return None
+                return Dropped("missing")
             try:
                 with transaction.atomic():
                     adopt.published_at = adopt.enqueued_at = now
                     adopt.save(force_insert=True)
             except IntegrityError:  # a concurrent delivery adopted it first
                 logger.info("Job %s adopted by another delivery; dropped", job_id)
-                return None
+                return Dropped("adopted_elsewhere")
             job = adopt
         expired = job.state == JobState.RUNNING and (
             job.lease_expires_at is None or job.lease_expires_at < now
@@ -102,7 +124,7 @@ def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Cla
         if job.state not in sources("claim") or (job.state == JobState.RUNNING and not expired):
             logger.info("Job %s is %s; duplicate delivery dropped", job_id, job.state)
             Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
-            return None
+            return Dropped("duplicate")
         if (
             job.state in sources("drop_early")
             and job.scheduled_for is not None
@@ -114,17 +136,32 @@ def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Cla
                 "Job %s is not due until %s; early delivery dropped", job_id, job.scheduled_for
             )
             Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1, published_at=None)
-            return None
+            return Dropped("early")
         job.state = target("claim")
         job.attempts += 1
         job.started_at = job.started_at or now
         job.last_started_at = now
         job.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        job.lease_owner = uuid.uuid4()
         job.save(
-            update_fields=["state", "attempts", "started_at", "last_started_at", "lease_expires_at"]
+            update_fields=[
+                "state",
+                "attempts",
+                "started_at",
+                "last_started_at",
+                "lease_expires_at",
+                "lease_owner",
+            ]
         )
         Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
-    return Claim(str(job_id), job.attempts, job.max_attempts, list(job.failures), job.owner_id)
+    return Claim(
+        str(job_id),
+        job.attempts,
+        job.max_attempts,
+        list(job.failures),
+        job.owner_id,
+        str(job.lease_owner),
+    )
 
 
 def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float) -> Claim | None:
@@ -135,11 +172,13 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
     def at(value: datetime) -> Any:
         return fields["started_at"].get_db_prep_value(value, connection)
 
+    token = uuid.uuid4()
     params = [
         target("claim"),
         at(now),
         at(now),
         at(now + timedelta(seconds=lease_seconds)),
+        fields["lease_owner"].get_db_prep_value(token, connection),
         fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), connection),
         JobState.QUEUED,
         JobState.SCHEDULED,
@@ -158,45 +197,72 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
     attempts, max_attempts, failures, owner_id = row
     if isinstance(failures, (str, bytes)):
         failures = json.loads(failures)
-    return Claim(str(job_id), attempts, max_attempts, list(failures or []), owner_id)
+    return Claim(str(job_id), attempts, max_attempts, list(failures or []), owner_id, str(token))
 
 
-def _held(job_id: str, attempt: int, event: str) -> Any:
-    """The row, if the run of `attempt` still holds it in a from-state of `event`."""
-    return Job.objects.filter(id=job_id, state__in=sources(event), attempts=attempt)
+def _held(job_id: str, attempt: int | None, event: str, lease_owner: str | None = None) -> Any:
+    """The row, if the run of `attempt` (and of the claim `lease_owner`, when given) still
+    holds it in a from-state of `event`: the fence of every write a run makes."""
+    rows = Job.objects.filter(id=job_id, state__in=sources(event))
+    if attempt is not None:
+        rows = rows.filter(attempts=attempt)
+    if lease_owner is not None:
+        rows = rows.filter(lease_owner=lease_owner)
+    return rows
 
 
-def renew(*, job_id: str, attempt: int, lease_seconds: float) -> bool:
+def renew(
+    *, job_id: str, attempt: int, lease_seconds: float, lease_owner: str | None = None
+) -> bool:
     """Running stays running: extend the lease of the run holding the claim; False once it
-    no longer does."""
+    no longer does. effect_once calls it inside its transaction as its fence: the UPDATE
+    locks the row, so no other claim can take the job before that transaction commits."""
     return bool(
-        _held(job_id, attempt, "renew").update(
+        _held(job_id, attempt, "renew", lease_owner).update(
             lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds)
         )
     )
 
 
-def progress(*, job_id: str, done: int, total: int | None, message: str) -> None:
-    """Running stays running: the latest progress step of a running job."""
-    Job.objects.filter(id=job_id, state__in=sources("progress")).update(
-        progress_done=max(0, int(done)),
-        progress_total=None if total is None else max(0, int(total)),
-        progress_message=message[:255],
+def progress(
+    *,
+    job_id: str,
+    done: int,
+    total: int | None,
+    message: str,
+    attempt: int | None = None,
+    lease_owner: str | None = None,
+) -> bool:
+    """Running stays running: the latest progress step of a running job; with `attempt` and
+    `lease_owner`, only of the run holding that claim. False when nothing was written."""
+    return bool(
+        _held(job_id, attempt, "progress", lease_owner).update(
+            progress_done=max(0, int(done)),
+            progress_total=None if total is None else max(0, int(total)),
+            progress_message=message[:255],
+        )
     )
 
 
 @batch.moves_batch(JobState.SUCCEEDED)  # in one transaction with its batch's counters
 @busy_retried  # SQLite's "database is locked" is waited out
-def succeed(*, job_id: str, attempt: int, run_seconds: float, result: Any = None) -> bool:
+def succeed(
+    *,
+    job_id: str,
+    attempt: int,
+    run_seconds: float,
+    result: Any = None,
+    lease_owner: str | None = None,
+) -> bool:
     """From running to succeeded, with the return value, in one UPDATE; a run that lost its
-    claim changes nothing."""
+    claim changes nothing (False)."""
     try:
         json.dumps(result, cls=DjangoJSONEncoder)
     except (TypeError, ValueError):
         logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
         result = None
     return bool(
-        _held(job_id, attempt, "succeed").update(
+        _held(job_id, attempt, "succeed", lease_owner).update(
             state=target("succeed"),
             finished_at=timezone.now(),
             lease_expires_at=None,
@@ -235,6 +301,7 @@ def retry_later(
     exc: BaseException,
     delay: float,
     run_seconds: float,
+    lease_owner: str | None = None,
 ) -> datetime | None:
     """From running to retrying: record the failed attempt and when the next is due; None when
     this run no longer holds the claim (nothing is written then).
@@ -245,7 +312,7 @@ def retry_later(
     now = timezone.now()
     due = now + timedelta(seconds=delay)
     name, message = describe_exception(exc)
-    updated = _held(job_id, attempt, "retry_later").update(
+    updated = _held(job_id, attempt, "retry_later", lease_owner).update(
         state=target("retry_later"),
         scheduled_for=due,
         published_at=None,
@@ -258,13 +325,19 @@ def retry_later(
     return due if updated else None
 
 
-def release(*, job_id: str, crashed: bool = False) -> int:
-    """From running to queued: free a claim so the requeued message runs again; returns the
-    job's crash count."""
+def release(
+    *,
+    job_id: str,
+    crashed: bool = False,
+    attempt: int | None = None,
+    lease_owner: str | None = None,
+) -> int:
+    """From running to queued: free a claim so the requeued message runs again (only the
+    claim of `attempt` / `lease_owner` when given); returns the job's crash count."""
     fields: dict[str, Any] = {"state": target("release"), "lease_expires_at": None}
     if crashed:
         fields["crashes"] = F("crashes") + 1
-    Job.objects.filter(id=job_id, state__in=sources("release")).update(**fields)
+    _held(job_id, attempt, "release", lease_owner).update(**fields)
     return Job.objects.filter(id=job_id).values_list("crashes", flat=True).first() or 0
 
 
@@ -292,10 +365,12 @@ def give_up(
     run_seconds: float | None = None,
     claimed_attempt: int | None = None,
     tracked: bool = True,
+    lease_owner: str | None = None,
 ) -> DeadLetter | None:
     """From active to dead, with its dead letter, in one transaction.
 
-    With `claimed_attempt`, only the run holding that claim may do it (None otherwise).
+    With `claimed_attempt` (and `lease_owner`), only the run holding that claim may do it
+    (None otherwise).
     """
     now = timezone.now()
     name, message = describe_exception(exc)
@@ -308,6 +383,7 @@ def give_up(
                 claimed_attempt is not None
                 and (job.state != JobState.RUNNING or job.attempts != claimed_attempt)
             )
+            or (lease_owner is not None and str(job.lease_owner) != str(lease_owner))
         ):
             logger.warning(
                 "Job %s: run %s lost its claim; not writing a dead letter", job_id, claimed_attempt
