@@ -70,15 +70,18 @@ def assert_counters_match_members(batch: Batch) -> None:
     assert batch.pending == batch.total - batch.succeeded - batch.dead - batch.cancelled
 
 
-def open_batch(key: str, size: int, failing: set[int], **member: Any) -> Batch:
-    """A batch of `size` members, those in `failing` sent with .delay, the rest in bulk."""
+def open_batch(
+    key: str, size: int, failing: set[int], queue: str | None = None, **member: Any
+) -> Batch:
+    """A batch of `size` members, those in `failing` sent with .apply_async, the rest in bulk."""
     with jobs.batch(description=f"test {key}", **callbacks(key)) as batch:
         enqueue_many(
             tasks.batch_member,
             [((key, i), member) for i in range(size) if i not in failing],
+            queue=queue,
         )
         for i in sorted(failing):
-            tasks.batch_member.delay(key, i, fails=True, **member)
+            tasks.batch_member.apply_async((key, i), {"fails": True, **member}, queue=queue)
     return batch
 
 
@@ -178,8 +181,9 @@ def test_kill_9_of_the_worker_mid_batch_still_fires_every_callback_once(
 ):
     # the failures come last, so that the kill lands among members, not callbacks
     failing = {KILL_SIZE - 3, KILL_SIZE - 2, KILL_SIZE - 1}
-    first = start_worker("batch-kill-a", queues="default", concurrency=2, **KILL_ENV)
-    batch = open_batch(unique, KILL_SIZE, failing, seconds=0.03)
+    # the members go to `reports`, which only this test's workers consume: the kill hits them
+    first = start_worker("batch-kill-a", queues="reports", concurrency=2, **KILL_ENV)
+    batch = open_batch(unique, KILL_SIZE, failing, queue="reports", seconds=0.03)
     relays = Relays()
     try:
         # when a third of the members have ended and two run, the whole worker is killed
@@ -200,16 +204,15 @@ def test_kill_9_of_the_worker_mid_batch_still_fires_every_callback_once(
         stranded = list(
             Job.objects.filter(batch=batch, state=JobState.RUNNING).values_list("id", flat=True)
         )
-        start_worker("batch-kill-b", queues="default", concurrency=2, **KILL_ENV)
+        second = start_worker("batch-kill-b", queues="reports,default", concurrency=2, **KILL_ENV)
 
         # then the batch completes: on_death and on_complete once each, on_success never
         wait_until(lambda: fired(unique)["complete"], timeout=150, interval=0.2, what="on_complete")
         time.sleep(1.5)
         runs = fired(unique)
         assert runs == {"success": [], "complete": [str(batch.id)], "death": [str(batch.id)]}
-        # (another test's worker on the same queue may have been running one of them)
-        rerun = Job.objects.filter(id__in=stranded, attempts__gte=2).count()
-        assert rerun >= 1, "the kill hit no running member; the test proved nothing"
+        assert stranded, "the kill hit no running member; the test proved nothing"
+        assert Job.objects.filter(id__in=stranded, attempts__gte=2).count() == len(stranded)
         batch.refresh_from_db()
         assert (batch.state, batch.succeeded, batch.dead) == (
             BatchState.COMPLETE,
@@ -233,6 +236,7 @@ def test_kill_9_of_the_worker_mid_batch_still_fires_every_callback_once(
         assert_counters_match_members(batch)
     finally:
         relays.close()
+    second.stop()  # the other tests' worker is enough for them
 
 
 # --- nesting, adding, empty, cancel ---------------------------------------------------------
@@ -277,10 +281,10 @@ def test_an_empty_batch_completes_and_succeeds_at_once(worker, unique):
 
 
 def test_cancel_a_batch(worker, unique):
-    # given a batch of 40 slow members, two of them running
+    # given a batch of 40 slow members, some of them running
     with jobs.batch(description="to cancel", **callbacks(unique)) as batch:
         for i in range(40):
-            tasks.batch_member.enqueue(unique, i, seconds=0.3)
+            tasks.batch_member.enqueue(unique, i, seconds=0.5)
     wait_until(
         lambda: Job.objects.filter(batch=batch, state=JobState.RUNNING).exists(),
         what="a running member",
@@ -293,8 +297,8 @@ def test_cancel_a_batch(worker, unique):
     wait_until(lambda: fired(unique)["complete"], timeout=30, what="on_complete")
     batch.refresh_from_db()
     assert batch.state == BatchState.COMPLETE and batch.cancel_requested_at is not None
-    assert batch.cancelled >= 30 and batch.succeeded + batch.cancelled == 40, batch.__dict__
-    assert done >= 30 and done + ended <= 40
+    assert batch.cancelled >= 20 and batch.succeeded + batch.cancelled == 40, batch.__dict__
+    assert done >= 20 and done + ended == 40
     time.sleep(1)
     assert fired(unique) == {"success": [], "complete": [str(batch.id)], "death": []}
     assert_counters_match_members(batch)

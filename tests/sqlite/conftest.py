@@ -190,6 +190,9 @@ def sqlite_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteSite
         "SQLITE_TIMEOUT": str(BUSY_TIMEOUT),
         "BACKLOT_PROGRESS_INTERVAL": "0.1",
         "PYTHONUNBUFFERED": "1",
+        # A stopped worker would wait 30 s for what it holds (soft shutdown, even when idle):
+        # no test here stops a worker with work in hand.
+        "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT": "1",
     }
     # Pings go over the private Redis, with the transport options the workers use (kombu's
     # key separator, priority steps): a bare app's replies would not parse on their side.
