@@ -114,20 +114,22 @@ def test_two_beats_leading_at_once_fire_each_time_once(worker, beats, unique):
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
 
-    # then: each fire time, two seconds apart, fired one job, which ran once; each beat found
-    # some of them fired by the other
+    # then: each fire time (on the 2-second grid; a beat more than 2 s late on this loaded
+    # machine fires the latest one) fired one job, which ran once; the beats tried the same
+    # fire times and found them fired by the other
     recorded = fires(name)
-    assert [b.fire_at - a.fire_at for a, b in itertools.pairwise(recorded)] == [
-        timedelta(seconds=2)
-    ] * (len(recorded) - 1)
+    gaps = [b.fire_at - a.fire_at for a, b in itertools.pairwise(recorded)]
+    assert all(gap > timedelta(0) and gap % timedelta(seconds=2) == timedelta(0) for gap in gaps)
     assert sorted(str(job.id) for job in jobs_of(unique)) == sorted(
         str(fire.job_id) for fire in recorded
     )
     wait_until(lambda: len(marks(unique)) >= len(recorded), timeout=60, what="the jobs to run")
     assert len(marks(unique)) == len(recorded)
-    for side in "ab":
-        log = log_of(f"split-{side}-{unique}")
-        assert f"Schedule {name}: not due" in log or "already fired by another beat" in log
+    lost = sum(
+        len(re.findall(rf"Schedule {name}: (not due|fire time \S+ was already fired)", log))
+        for log in (log_of(f"split-{side}-{unique}") for side in "ab")
+    )
+    assert lost >= 2, "the two beats never tried the same fire time"
 
 
 def test_a_leader_killed_right_after_firing_is_not_repeated_by_the_next(worker, beats, unique):
