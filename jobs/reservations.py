@@ -9,21 +9,22 @@ delivery tag → message, and gives it back only once the visibility timeout (2 
 lost host strands concurrency x prefetch jobs per worker that long. Here:
 
 - a worker's main process has an id of its own (node name, pid and a random part: a worker
-  restarted under the same name is another worker) and keeps `backlot:worker:<id>` alive
-  (TTL HEARTBEAT_TTL) from a thread, every HEARTBEAT_EVERY seconds;
-- its transport channels (ReservingQoS) record each message they take in `backlot:reserved`
-  (delivery tag → worker id) in the MULTI/EXEC that puts it in `unacked`, and drop the record
-  in the one that acknowledges or requeues it: the record and the unacked entry come and go
-  together;
-- the relay's sweep (`restore_lost`) finds the workers whose heartbeat is gone and moves each
-  of their unacked messages back to the head of its queue, as kombu's restore_by_tag would, in
-  a Lua script that checks, atomically with the move, that the message is still
-  unacknowledged, still theirs, and their heartbeat still absent. A live worker's message is
-  never touched.
+  restarted under the same name is another worker), and each channel it opens is a holder of
+  that id and a sequence number, whose `backlot:worker:<holder>` key a thread of the process
+  keeps alive (TTL HEARTBEAT_TTL, every HEARTBEAT_EVERY seconds) while the channel is open;
+- each holder (ReservingQoS) records the messages it takes in `backlot:reserved` (delivery tag
+  → holder) in the MULTI/EXEC that puts them in `unacked`, and drops the record in the one
+  that acknowledges or requeues them: the record and the unacked entry come and go together;
+- the relay's sweep (`restore_lost`) finds the holders whose heartbeat is gone (the worker died,
+  or the channel was dropped with its connection: Celery forgets what it held then, kombu
+  cannot give it back through a dead connection) and moves each of their unacked messages
+  back to the head of its queue, as kombu's restore_by_tag would, in a Lua script that checks,
+  atomically with the move, that the message is still unacknowledged, still theirs, and their
+  heartbeat still absent. A live holder's message is never touched. A message whose job the
+  ledger shows running or finished is dropped instead: the running job's lease brings it back
+  if its run died, and a copy would only be a duplicate.
 
-A restored message may be one whose job the dead worker had started: the ledger's claim drops
-it while the job's lease holds (the relay re-queues the job once it lapses) and once the job
-has finished. A prefetched job runs once, on the next worker that takes it.
+A prefetched job runs once, on the next worker that takes it (the ledger's claim).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import os
 import secrets
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -46,9 +48,9 @@ from kombu.utils.json import dumps, loads
 
 logger = logging.getLogger(__name__)
 
-# delivery tag → id of the worker process holding the message (while it is in `unacked`).
+# delivery tag → the holder of the message (while it is in `unacked`): a worker's channel.
 OWNERS = "backlot:reserved"
-# Ids of the worker processes that may hold messages (each refreshes its own heartbeat).
+# Holders that may hold messages (each with a heartbeat while its channel is open).
 WORKERS = "backlot:workers"
 HEARTBEAT = "backlot:worker:"
 # Messages given back to their queue because their worker died, and those dropped instead
@@ -64,8 +66,8 @@ FULL_PASS_EVERY = 60
 # messages go back; with the relay's 1 s sweep, they run again about 16 s after the death.
 HEARTBEAT_TTL = 15
 HEARTBEAT_EVERY = 3.0
-# The first heartbeat, written before the pool starts (a few seconds; more on a loaded
-# 2-core machine), lasts this long: the thread's first refresh comes once the worker is ready.
+# A channel's first heartbeat, written before the pool has started (a few seconds; more on a
+# loaded 2-core machine), lasts this long: the thread's refreshes begin once the worker is ready.
 STARTUP_TTL = 60
 # Messages moved per Lua call: keeps one script well under a millisecond of Redis' time.
 RESTORE_BATCH = 200
@@ -105,12 +107,20 @@ _STALE, _DROP = ["", ""], ["", "drop"]
 
 
 class ReservingQoS(kombu_redis.QoS):
-    """kombu's Redis QoS that also records which worker took each message (see the module
-    docstring): installed on the transport's Channel in worker processes by `install()`."""
+    """kombu's Redis QoS that also records which holder took each message (see the module
+    docstring): installed on the transport's Channel in worker processes by `install()`.
+
+    Each channel is a holder of its own (`owner`: the worker's id and a sequence number),
+    alive while the channel is open: a channel dropped with its connection (Redis restarted,
+    a network cut) leaves what it held in `unacked`, and Celery forgets those messages with it;
+    once its heartbeat lapses they go back to their queue like a dead worker's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owner = heartbeat.register(self)
 
     def append(self, message: Any, delivery_tag: str) -> None:
-        worker = heartbeat.worker_id
-        if worker is None:
+        if self.owner is None:
             return super().append(message, delivery_tag)
         delivery = message.delivery_info
         stored = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
@@ -118,7 +128,7 @@ class ReservingQoS(kombu_redis.QoS):
         with self.pipe_or_acquire() as pipe:
             pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
                 self.unacked_key, delivery_tag, stored
-            ).hset(OWNERS, delivery_tag, worker).execute()
+            ).hset(OWNERS, delivery_tag, self.owner).execute()
             virtual.QoS.append(self, message, delivery_tag)
         return None
 
@@ -128,6 +138,10 @@ class ReservingQoS(kombu_redis.QoS):
         removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
         return removed.hdel(OWNERS, delivery_tag)
 
+    @property
+    def open(self) -> bool:
+        return not getattr(self.channel, "closed", True)
+
 
 def _plain(client: Any) -> redis.Redis:
     """A client on the broker's connection pool that does not prefix keys (kombu's
@@ -136,27 +150,43 @@ def _plain(client: Any) -> redis.Redis:
 
 
 class Heartbeat:
-    """The worker process' id and the thread that keeps its heartbeat alive."""
+    """The worker process' id, its holders (one per open channel) and the thread that keeps
+    their heartbeats alive."""
 
     def __init__(self) -> None:
         self.worker_id: str | None = None
+        self._holders: weakref.WeakSet[ReservingQoS] = weakref.WeakSet()
+        self._count = 0
+        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._connection: Any = None
         self._failing = False
+        self._app: Any = None
 
     def install(self, *, node: str, app: Any = None) -> str:
-        """Become the holder of worker `node`'s reservations, before its consumer takes
-        anything: record what its channels take, and a first heartbeat (of STARTUP_TTL: the
-        pool starts before `keep_alive`)."""
+        """Become worker `node`'s keeper of reservations, before its consumer takes anything:
+        the channels it opens from now on record what they take."""
         self.worker_id = f"{node}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._app = app or current_app
         if not issubclass(kombu_redis.Channel.QoS, ReservingQoS):
             kombu_redis.Channel.QoS = ReservingQoS
-        self._app = app or current_app
-        self.beat(ttl=STARTUP_TTL)
         return self.worker_id
 
+    def register(self, holder: ReservingQoS) -> str | None:
+        """A new channel's holder id, beating at once: for STARTUP_TTL until the thread runs
+        (the pool starts after the consumer), then HEARTBEAT_TTL. None outside a worker."""
+        if self.worker_id is None:
+            return None
+        with self._lock:
+            self._count += 1
+            owner = f"{self.worker_id}/{self._count}"
+            self._holders.add(holder)
+        running = self._thread is not None and self._thread.is_alive()
+        self._beat([owner], HEARTBEAT_TTL if running else STARTUP_TTL)
+        return owner
+
     def keep_alive(self) -> None:
-        """Refresh the heartbeat from a thread of this process, every HEARTBEAT_EVERY s.
+        """Refresh the heartbeats from a thread of this process, every HEARTBEAT_EVERY s.
         Started once the pool has forked (a process that forks with threads running may hand
         a held lock to its children)."""
         if self.worker_id is None or (self._thread is not None and self._thread.is_alive()):
@@ -165,24 +195,31 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="backlot-heartbeat", daemon=True)
         self._thread.start()
 
-    def beat(self, ttl: int = HEARTBEAT_TTL) -> None:
-        if self.worker_id is None:
-            return
+    def beat(self) -> None:
+        """One heartbeat for every holder whose channel is still open."""
+        with self._lock:
+            owners = [h.owner for h in list(self._holders) if h.open and h.owner]
+        if owners:
+            self._beat(owners, HEARTBEAT_TTL)
+
+    def _beat(self, owners: list[str], ttl: int) -> None:
         try:
-            if self._connection is None:
-                self._connection = self._app.connection_for_write()
-            channel = self._connection.default_channel
+            with self._lock:
+                if self._connection is None:
+                    self._connection = self._app.connection_for_write()
+                channel = self._connection.default_channel
             prefix = channel.global_keyprefix
-            client = _plain(channel.client)
-            pipe = client.pipeline(transaction=True)
-            pipe.set(f"{prefix}{HEARTBEAT}{self.worker_id}", int(time.time()), ex=ttl)
-            pipe.sadd(f"{prefix}{WORKERS}", self.worker_id)
+            pipe = _plain(channel.client).pipeline(transaction=True)
+            for owner in owners:
+                pipe.set(f"{prefix}{HEARTBEAT}{owner}", int(time.time()), ex=ttl)
+            pipe.sadd(f"{prefix}{WORKERS}", *owners)
             pipe.execute()
         except Exception as exc:  # noqa: BLE001 - the broker is away: the next beat retries
             if not self._failing:
                 logger.warning("Worker heartbeat failed (%s): %s", type(exc).__name__, exc)
             self._failing = True
-            connection, self._connection = self._connection, None
+            with self._lock:
+                connection, self._connection = self._connection, None
             if connection is not None:
                 with contextlib.suppress(Exception):  # broken: dropped anyway
                     connection.release()

@@ -32,6 +32,7 @@ from django.db import transaction
 from config.celery import app as celery_app
 from jobs import enqueue_many
 from jobs.decorators import job
+from jobs.task import PlatformTask
 from tests.system.faults import jobs as fault_jobs
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -50,7 +51,7 @@ def kill_worker(self: Any, run: str, item: int) -> None:
     os._exit(1)
 
 
-TASKS = {"effect": fault_jobs.effect, "kill_worker": kill_worker}
+TASKS: dict[str, PlatformTask[Any, Any]] = {"effect": fault_jobs.effect, "kill_worker": kill_worker}
 
 
 def procfile_command(entry: str, env: dict[str, str]) -> list[str]:
