@@ -147,8 +147,12 @@ MOVE_TO_POSTGRESQL = (
 
 
 def _worker_hosts() -> set[str]:
-    """The hosts of the workers that answer a ping (half a second; none when Redis is away)."""
+    """The hosts of the workers that answer a ping (half a second; none when Redis is away:
+    a broadcast to an unreachable broker would wait for its connection retries first)."""
     try:
+        redis.Redis.from_url(
+            backlot_settings().REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
+        ).ping()
         replies = current_app.control.ping(timeout=0.5) or []
     except Exception:  # noqa: BLE001 - a check never fails on an unreachable broker
         return set()
