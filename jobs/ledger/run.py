@@ -18,6 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from ..conf import backlot_settings
 from ..models import DeadLetter, Job
 from ..states import DeadLetterStatus, JobState, sources, target
 from . import batch
@@ -58,11 +59,11 @@ class Dropped:
 _CLAIM_SQL = """
 UPDATE {table} SET state = %s, attempts = attempts + 1, deliveries = deliveries + 1,
     started_at = COALESCE(started_at, %s), last_started_at = %s, lease_expires_at = %s,
-    lease_owner = %s
+    lease_owner = %s, crashes = crashes + (CASE WHEN state = %s THEN 1 ELSE 0 END)
 WHERE id = %s AND (
     state = %s
     OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
-    OR (state = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s)))
+    OR (state = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s) AND crashes < %s))
 RETURNING attempts, max_attempts, failures, owner_id
 """
 
@@ -102,6 +103,7 @@ def claim_delivery(
                 "started_at",
                 "scheduled_for",
                 "owner",
+                "crashes",
             )
             .filter(id=job_id)
             .first()
@@ -118,8 +120,12 @@ def claim_delivery(
                 logger.info("Job %s adopted by another delivery; dropped", job_id)
                 return Dropped("adopted_elsewhere")
             job = adopt
-        expired = job.state == JobState.RUNNING and (
-            job.lease_expires_at is None or job.lease_expires_at < now
+        # A lapsed lease is a lost run: taking it over counts a crash, and the run that would
+        # reach MAX_WORKER_CRASHES is not started (the relay's sweep dead-letters the job).
+        expired = (
+            job.state == JobState.RUNNING
+            and (job.lease_expires_at is None or job.lease_expires_at < now)
+            and job.crashes < _last_crash()
         )
         if job.state not in sources("claim") or (job.state == JobState.RUNNING and not expired):
             logger.info("Job %s is %s; duplicate delivery dropped", job_id, job.state)
@@ -143,6 +149,7 @@ def claim_delivery(
         job.last_started_at = now
         job.lease_expires_at = now + timedelta(seconds=lease_seconds)
         job.lease_owner = uuid.uuid4()
+        job.crashes += 1 if expired else 0
         job.save(
             update_fields=[
                 "state",
@@ -151,6 +158,7 @@ def claim_delivery(
                 "last_started_at",
                 "lease_expires_at",
                 "lease_owner",
+                "crashes",
             ]
         )
         Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
@@ -162,6 +170,11 @@ def claim_delivery(
         job.owner_id,
         str(job.lease_owner),
     )
+
+
+def _last_crash() -> int:
+    """A job that crashed this often may not be taken over from a lapsed lease once more."""
+    return backlot_settings().MAX_WORKER_CRASHES - 1
 
 
 def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float) -> Claim | None:
@@ -179,6 +192,7 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
         at(now),
         at(now + timedelta(seconds=lease_seconds)),
         fields["lease_owner"].get_db_prep_value(token, connection),
+        JobState.RUNNING,
         fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), connection),
         JobState.QUEUED,
         JobState.SCHEDULED,
@@ -186,6 +200,7 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
         at(now + EARLY_TOLERANCE),
         JobState.RUNNING,
         at(now),
+        _last_crash(),
     ]
     with connection.cursor() as cursor:
         cursor.execute(
