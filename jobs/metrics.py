@@ -18,7 +18,7 @@ from .models import DeadLetter
 from .monitoring import queue_stats, workers_online
 from .pausing import paused_queues
 from .redis import redis_client, redis_text
-from .relay import LEASE_LAPSES, unknown_tasks
+from .relay import LEASE_LAPSES, MISSING_RESENT, unknown_tasks
 
 # When `manage.py jobs relay` last finished a sweep (a Unix time, expiring a minute after the
 # relay stops): jobs.management.commands.jobs.RELAY_HEARTBEAT, a layer this one may not import.
@@ -94,6 +94,12 @@ def _fencing() -> Iterator[Any]:
             lost.add_metric([name], int(n))
     yield refused
     yield lost
+    yield CounterMetricFamily(
+        "backlot_lost_messages_resent",
+        "Waiting jobs whose message Redis no longer held (in no list, in no worker's hands), "
+        "sent again by the relay.",
+        value=int(client.get(MISSING_RESENT) or 0),
+    )
 
 
 def _processes() -> Iterator[Any]:

@@ -75,6 +75,7 @@ def job_relay(*, limit: int = 500) -> int:
             lost_after=RELAY_LOST_AFTER,
             queue=queue,
         )
+    _resend_missing(now, skip=waiting)
     skipped = sorted(_unknown_tasks)
     pending = list(
         Job.objects.unpublished()
@@ -90,6 +91,59 @@ def job_relay(*, limit: int = 500) -> int:
         sent += outcome is True
     _report_unknown_tasks()
     return sent + _sweep_gates()
+
+
+# Messages found missing from Redis and sent again (a count; read by /metrics).
+MISSING_RESENT = "backlot:metrics:missing_resent"
+# A waiting job published (and due) this long ago whose message Redis holds nowhere is sent
+# again. The check reads what Redis holds, so it needs no long margin: by then a message is in
+# its list, in a worker's unacked hash, or its job runs; a copy re-sent in error (one popped
+# the instant of the read) is dropped at claim.
+MISSING_AFTER = timedelta(seconds=10)
+
+
+def _resend_missing(now: datetime, *, skip: set[str]) -> int:
+    """Back into the outbox: waiting jobs past their time, published MISSING_AFTER ago,
+    whose message is in none of their queue's lists and in no worker's hands. Such a message
+    was lost: most often popped by a consumer killed before it recorded the message as taken
+    (kombu's BRPOP, then its `unacked` write: two steps), or dropped by a Redis restart without
+    AOF or a FLUSHALL. The idle-queue reconcile above cannot see it while any other message is
+    unacknowledged anywhere, which on a working cluster is always; the visibility-timeout one
+    waits 2 h. Queues of more than broker.MAX_SCANNED messages are left to those."""
+    resent = 0
+    for queue in backlot_settings().QUEUES:
+        if queue in skip:
+            continue  # its jobs wait at their gates (jobs.slots), not in the broker's lists
+        waiting = ledger.waiting_but_due(now, MISSING_AFTER).filter(
+            queue=queue, published_at__lt=now - MISSING_AFTER
+        )
+        if not waiting.exists():
+            continue
+        held = broker.held_job_ids(queue)  # None: too many to read, or Redis cannot tell
+        if held is None:
+            continue
+        suspects = waiting.values_list("id", flat=True)[: broker.MAX_SCANNED]
+        missing = [str(job_id) for job_id in suspects if str(job_id) not in held]
+        if not missing:
+            continue
+        resent += ledger.republish(
+            now=now,
+            published_before=now - MISSING_AFTER,
+            lost_after=MISSING_AFTER,
+            queue=queue,
+            job_ids=missing,
+        )
+        logger.warning(
+            "relay: %d job(s) of queue %s waiting past their time have no message in Redis "
+            "(e.g. %s); sending them again",
+            len(missing),
+            queue,
+            missing[0],
+        )
+    if resent:
+        with contextlib.suppress(RedisError):
+            redis_client().incrby(MISSING_RESENT, resent)
+    return resent
 
 
 def _gate_queues() -> set[str]:

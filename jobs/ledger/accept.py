@@ -166,13 +166,20 @@ def waiting_but_due(now: datetime, lost_after: timedelta) -> Any:
 
 
 def republish(
-    *, now: datetime, published_before: datetime, lost_after: timedelta, queue: str | None = None
+    *,
+    now: datetime,
+    published_before: datetime,
+    lost_after: timedelta,
+    queue: str | None = None,
+    job_ids: Iterable[Any] | None = None,
 ) -> int:
     """Back into the outbox: waiting jobs published before `published_before` whose message
-    the broker lost (state unchanged, published_at cleared)."""
+    the broker lost (state unchanged, published_at cleared); only `job_ids` when given."""
     rows = waiting_but_due(now, lost_after).filter(
         state__in=sources("republish"), published_at__lt=published_before
     )
     if queue is not None:
         rows = rows.filter(queue=queue)
+    if job_ids is not None:
+        rows = rows.filter(id__in=list(job_ids))
     return rows.update(published_at=None)

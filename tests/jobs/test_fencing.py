@@ -31,7 +31,7 @@ from jobs.effects import effect_once
 from jobs.lease import FENCING, Hold, holding
 from jobs.models import Effect, Job, JobState
 from jobs.redis import redis_client, redis_text
-from jobs.relay import job_relay
+from jobs.relay import MISSING_RESENT, job_relay
 from jobs.testing import Worker as PlatformWorker
 from tests.conftest import LOG_DIR, ROOT, marks, set_flag, wait_until
 from tests.support import fencing_jobs
@@ -394,3 +394,54 @@ def test_a_run_past_its_deadline_is_lost_without_asking_the_database(queued_job:
     ):
         pass
     assert not Effect.objects.filter(key=f"late:{queued_job}").exists()
+
+
+# --- the lost message (issue 17, item 3) ---------------------------------------------------
+def _blocked_in_brpop() -> int:
+    """Redis clients blocked in BRPOP (only this test's workers use this Redis's queues)."""
+    listing = redis_client().client_list()
+    return sum(1 for client in listing if client.get("cmd") == "brpop" and "b" in client["flags"])
+
+
+def _held_anywhere(job_id: str) -> bool:
+    """Whether Redis holds a message of the job: waiting in a list, or taken and unacked."""
+    from jobs.broker import queue_keys
+
+    client = redis_client()
+    raws = [raw for key in queue_keys("reports") for raw in client.lrange(key, 0, -1)]
+    raws += list(client.hvals("unacked"))
+    return any(job_id.encode() in raw for raw in raws)
+
+
+def test_a_message_popped_by_a_worker_killed_before_it_recorded_it_is_lost_and_resent(
+    fencing_worker: Callable[..., FencingWorker], unique: str
+) -> None:
+    # given: an idle worker whose consumer waits in BRPOP, stopped (its main process only)
+    taker = fencing_worker("lost-a")
+    wait_until(lambda: _blocked_in_brpop() >= 1, timeout=30, what="the consumer's BRPOP")
+    os.kill(taker.process.pid, signal.SIGSTOP)
+
+    # when: a job is published: Redis pops it for the waiting BRPOP at once, but the stopped
+    # consumer cannot write it into `unacked`; then the worker is killed (kill -9, a lost host)
+    handle = fencing_jobs.noted.enqueue(unique)
+    wait_until(lambda: not _held_anywhere(handle.id), timeout=10, what="Redis to hand it over")
+    taker.signal_all(signal.SIGKILL)
+    taker.process.wait(timeout=10)
+    lost_at = time.monotonic()
+
+    # then: the message is gone from Redis (no list, no unacked), the ledger says published
+    assert not _held_anywhere(handle.id)
+    job = Job.objects.get(id=handle.id)
+    assert job.state == JobState.QUEUED and job.published_at is not None
+    # and with another worker busy (a long job keeps `unacked` non-empty, so the queue never
+    # looks idle), the relay finds the job's message missing and sends it again
+    busy = fencing_worker("lost-b", concurrency=2)
+    fencing_jobs.sleeps.enqueue(f"{unique}:busy", 120)
+    wait_until(lambda: marks(f"{unique}:busy"), timeout=30, what="the long job to start")
+    relay_until(lambda: marks(unique), timeout=90, what="the lost job to run")
+    recovered = time.monotonic() - lost_at
+    assert Job.objects.get(id=handle.id).state == JobState.SUCCEEDED
+    assert recovered < 30, recovered  # MISSING_AFTER (10 s) after its publish, plus a run
+    assert int(redis_client().get(MISSING_RESENT) or 0) == 1
+    print(f"\nlost message re-sent and run {recovered:.1f}s after the loss")
+    busy.signal_all(signal.SIGKILL)

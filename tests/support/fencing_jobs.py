@@ -56,3 +56,16 @@ def watches(self: Any, key: str) -> str:
         mark(f"{key}:lost", exc.reason)  # the mark's time is when the job learnt it
         raise
     return "never told"
+
+
+@job(name="tests.fencing.noted", queue="reports", retry=QUICK)
+def noted(key: str) -> None:
+    """Marks that it ran (the lost-message test: which message reached a worker)."""
+    mark(key)
+
+
+@job(name="tests.fencing.sleeps", queue="reports", retry=QUICK)
+def sleeps(key: str, seconds: float) -> None:
+    """Holds a worker slot (and its message unacknowledged) for `seconds`."""
+    mark(key)
+    time.sleep(seconds)
