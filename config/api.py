@@ -10,6 +10,7 @@ from ninja.security import django_auth
 
 from emails.api import router as emails_router
 from jobs.api import router as jobs_router
+from jobs.api_batches import router as batches_router
 from jobs.api_queues import router as queues_router
 from media_pipeline.api import router as videos_router
 from reports.api import router as reports_router
@@ -29,6 +30,7 @@ def database_refused_input(request: HttpRequest, exc: DataError) -> HttpResponse
 
 
 api.add_router("/jobs/", jobs_router)
+api.add_router("/batches/", batches_router)
 api.add_router("/queues/", queues_router)
 api.add_router("/", emails_router)
 api.add_router("/reports/", reports_router)

@@ -12,7 +12,7 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -23,7 +23,7 @@ from .deadletters import audit
 from .enqueue import JobHandle
 from .exceptions import AlreadyFinished
 from .metrics import BacklotCollector
-from .models import Job
+from .models import Batch, Job
 from .monitoring import health_report
 from .states import ACTIVE_STATES, JobState
 
@@ -75,12 +75,32 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     """A job's status page: state, attempts and a progress bar polling the status API."""
     job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
     status_url = JobHandle(id=str(job.id), task_name=job.task_name).status_url
+    # the batch the job is a member of (jobs.batches), when its viewer may read it
+    batch = (
+        Batch.objects.visible_to(request.user).filter(id=job.batch_id).first()
+        if job.batch_id
+        else None
+    )
     context = {
         "job": job,
         "status_url": status_url,
         "can_cancel": job.state in ACTIVE_STATES and _may_cancel(request.user, job),
+        "batch": batch,
+        "batch_url": _batch_url(batch) if batch is not None else "",
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+def _batch_url(batch: Batch) -> str:
+    """The batch's status route (GET /api/batches/{id}/), next to the jobs' status route."""
+    namespace = backlot_settings().STATUS_URL_NAME.rpartition(":")[0]
+    try:
+        return reverse(
+            f"{namespace}:batch_status" if namespace else "batch_status",
+            kwargs={"batch_id": str(batch.id)},
+        )
+    except NoReverseMatch:  # the host did not mount jobs.api_batches.router
+        return ""
 
 
 def _may_cancel(user: Any, job: Job) -> bool:

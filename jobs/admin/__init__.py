@@ -6,11 +6,13 @@ raw arguments.
 """
 
 from .base import EstimatedCountPaginator, ReadOnlyAdmin
+from .batches import BatchAdmin
 from .deadletters import AuditEntryAdmin, DeadLetterAdmin
 from .jobs import JobAdmin
 
 __all__ = [
     "AuditEntryAdmin",
+    "BatchAdmin",
     "DeadLetterAdmin",
     "EstimatedCountPaginator",
     "JobAdmin",

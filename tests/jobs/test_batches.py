@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from celery import signature
+from django.contrib.auth.models import Permission
 from django.db import connection
 
 import jobs
@@ -381,3 +382,126 @@ def test_bad_input_is_refused_with_a_clear_error(unique):
     ):
         pass
     assert not Batch.objects.exclude(id=empty.id).exists()
+
+
+# --- the API, the admin, the job page -------------------------------------------------------
+@pytest.fixture
+def owner(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user("batch-owner", password="pw-owner-123")
+
+
+@pytest.fixture
+def owned_batch(owner: Any, unique: str) -> Batch:
+    with jobs.acting_as(owner), jobs.batch(description="owned", **callbacks(unique)) as batch:
+        enqueue_many(tasks.batch_member, [((unique, i), {}) for i in range(4)])
+        tasks.batch_member.enqueue(unique, 4, fails=True)
+    return batch
+
+
+@pytest.mark.django_db
+def test_the_api_shows_a_batch_to_its_owner_and_staff_with_members_in_pages(
+    client, admin_user, django_user_model, owner, owned_batch, unique
+):
+    url = f"/api/batches/{owned_batch.id}/"
+    assert client.get(url).status_code == 401
+    client.force_login(owner)
+
+    # the first page: counters, state, two members in the order they joined
+    body = client.get(url, {"limit": 2}).json()
+    assert body["batch_id"] == str(owned_batch.id) and body["state"] == "running"
+    assert body["counters"] == {
+        "total": 5,
+        "pending": 5,
+        "succeeded": 0,
+        "dead": 0,
+        "cancelled": 0,
+        "children_pending": 0,
+    }
+    assert body["percent"] == 0.0 and body["description"] == "owned"
+    seen = [item["job_id"] for item in body["members"]["items"]]
+    while body["members"]["next_cursor"]:
+        body = client.get(url, {"limit": 2, "cursor": body["members"]["next_cursor"]}).json()
+        seen += [item["job_id"] for item in body["members"]["items"]]
+    joined = Job.objects.filter(batch=owned_batch).order_by("enqueued_at", "id")
+    assert seen == [str(j.id) for j in joined] and len(seen) == 5
+
+    # a member that ended shows in the counters
+    last = joined.last()
+    assert last is not None
+    run_job(str(last.id))  # the failing one: dead
+    body = client.get(url, {"state": "dead"}).json()
+    assert body["counters"]["dead"] == 1 and body["first_death_at"]
+    assert [i["job_id"] for i in body["members"]["items"]] == [str(last.id)]
+
+    # bad input is a 400 naming it; other users' and unknown batches are 404; staff read any
+    assert "limit" in client.get(url, {"limit": 0}).json()["detail"]
+    assert client.get(url, {"cursor": "forged"}).status_code == 400
+    assert client.get(url, {"state": "nope"}).status_code == 400
+    assert client.get("/api/batches/not-a-uuid/").status_code == 404
+    stranger = django_user_model.objects.create_user("stranger", password="pw-stranger-123")
+    client.force_login(stranger)
+    assert client.get(url).status_code == 404
+    client.force_login(admin_user)
+    assert client.get(url).status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_member_shows_its_batch_on_its_job_page(client, owner, owned_batch):
+    member = Job.objects.filter(batch=owned_batch).first()
+    assert member is not None
+    client.force_login(owner)
+    page = client.get(f"/jobs/{member.id}/").content.decode()
+    assert 'id="batch"' in page and "owned" in page and "0 of 5 ended" in page
+    assert f"/api/batches/{owned_batch.id}/" in page
+
+
+@pytest.mark.django_db
+def test_admin_lists_batches_shows_members_and_replays_and_cancels(
+    admin_client, owned_batch, unique
+):
+    failing = Job.objects.get(batch=owned_batch, kwargs__fails=True)
+    run_job(str(failing.id))  # dead
+    assert admin_client.get("/admin/jobs/batch/").status_code == 200
+    detail = admin_client.get(f"/admin/jobs/batch/{owned_batch.id}/change/").content.decode()
+    assert 'id="batch-members"' in detail and str(failing.id) in detail
+
+    # replay its dead members: the replay takes the dead member's place, pending again
+    response = admin_client.post(
+        "/admin/jobs/batch/",
+        {"action": "replay_dead_members", "_selected_action": [str(owned_batch.id)]},
+    )
+    assert response.status_code == 302
+    owned_batch.refresh_from_db()
+    assert (owned_batch.dead, owned_batch.pending, owned_batch.total) == (0, 5, 5)
+
+    # cancel its members that have not ended: the batch completes
+    admin_client.post(
+        "/admin/jobs/batch/",
+        {"action": "cancel_pending_members", "_selected_action": [str(owned_batch.id)]},
+    )
+    owned_batch.refresh_from_db()
+    assert (owned_batch.cancelled, owned_batch.pending, owned_batch.state) == (
+        5,
+        0,
+        BatchState.COMPLETE,
+    )
+    assert owned_batch.cancel_requested_at is not None
+    assert_counters_match_members(owned_batch)
+    assert Job.objects.filter(id=callback_job_id(owned_batch.id, "on_complete")).exists()
+
+
+@pytest.mark.django_db
+def test_admin_actions_need_their_permissions(client, django_user_model, owned_batch):
+    viewer = django_user_model.objects.create_user(
+        "viewer", password="pw-viewer-123", is_staff=True
+    )
+    viewer.user_permissions.add(Permission.objects.get(codename="view_batch"))
+    client.force_login(viewer)
+    assert client.get("/admin/jobs/batch/").status_code == 200
+    for action in ("replay_dead_members", "cancel_pending_members"):
+        response = client.post(
+            "/admin/jobs/batch/", {"action": action, "_selected_action": [str(owned_batch.id)]}
+        )
+        assert response.status_code == 403
+    owned_batch.refresh_from_db()
+    assert owned_batch.cancelled == 0
