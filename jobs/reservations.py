@@ -162,11 +162,13 @@ class Heartbeat:
         self._connection: Any = None
         self._failing = False
         self._app: Any = None
+        self._pid = 0
 
     def install(self, *, node: str, app: Any = None) -> str:
         """Become worker `node`'s keeper of reservations, before its consumer takes anything:
         the channels it opens from now on record what they take."""
         self.worker_id = f"{node}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._pid = os.getpid()
         self._app = app or current_app
         if not issubclass(kombu_redis.Channel.QoS, ReservingQoS):
             kombu_redis.Channel.QoS = ReservingQoS
@@ -175,8 +177,8 @@ class Heartbeat:
     def register(self, holder: ReservingQoS) -> str | None:
         """A new channel's holder id, beating at once: for STARTUP_TTL until the thread runs
         (the pool starts after the consumer), then HEARTBEAT_TTL. None outside a worker."""
-        if self.worker_id is None:
-            return None
+        if self.worker_id is None or self._pid != os.getpid():
+            return None  # not a worker, or one of its pool processes (they take no messages)
         with self._lock:
             self._count += 1
             owner = f"{self.worker_id}/{self._count}"

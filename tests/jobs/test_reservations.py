@@ -5,6 +5,7 @@ runs it with real workers)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -135,7 +136,7 @@ def test_a_heartbeat_covers_every_open_channel_of_the_worker(broker: Any) -> Non
 
     keeper = reservations.Heartbeat()
     keeper.worker_id = "node@host:1:abcd"
-    keeper._app = current_app
+    keeper._app, keeper._pid = current_app, os.getpid()
     first, second = Holder(), Holder()
     first.owner = keeper.register(first)  # type: ignore[arg-type]
     second.owner = keeper.register(second)  # type: ignore[arg-type]
