@@ -100,6 +100,8 @@ MISSING_RESENT = "backlot:metrics:missing_resent"
 # its list, in a worker's unacked hash, or its job runs; a copy re-sent in error (one popped
 # the instant of the read) is dropped at claim.
 MISSING_AFTER = timedelta(seconds=10)
+MISSING_SCAN = "backlot:relay:missing-scan:"  # + queue: the throttle of that read
+MISSING_EVERY = 10
 
 
 def _resend_missing(now: datetime, *, skip: set[str]) -> int:
@@ -118,6 +120,11 @@ def _resend_missing(now: datetime, *, skip: set[str]) -> int:
             queue=queue, published_at__lt=now - MISSING_AFTER
         )
         if not waiting.exists():
+            continue
+        try:  # one read per queue per MISSING_AFTER, cluster-wide: it reads every message
+            if not redis_client().set(f"{MISSING_SCAN}{queue}", 1, nx=True, ex=MISSING_EVERY):
+                continue
+        except RedisError:
             continue
         held = broker.held_job_ids(queue)  # None: too many to read, or Redis cannot tell
         if held is None:
