@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from . import broker, context, events, ledger, tracing
 from .conf import backlot_settings
-from .exceptions import BrokerUnavailable
+from .exceptions import BrokerUnavailable, InvalidArguments
 from .models import Job
 from .payload import payload_check
 from .policies import RetryPolicy
@@ -86,8 +86,8 @@ def check_queue(queue: str) -> str:
 
 
 def check_arguments(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-    """Raise TypeError, naming the job, when the arguments do not fit its function's
-    signature; called before anything is written, so a mistyped call leaves no row behind.
+    """Raise InvalidArguments (a TypeError), naming the job, when the arguments do not fit its
+    function's signature; called before anything is written, so a mistyped call leaves no row.
 
     Celery's own check (Task.typing, the task's ``__header__`` stub with the function's
     signature) runs only inside apply_async, after the ledger row is written: that row would
@@ -99,7 +99,7 @@ def check_arguments(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -
     try:
         header(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{task.name}: {exc}; nothing was enqueued") from None
+        raise InvalidArguments(f"{task.name}: {exc}; nothing was enqueued") from None
 
 
 def _resolve_start(delay: float | None, eta: datetime | None, now: datetime) -> datetime | None:

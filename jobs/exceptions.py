@@ -13,6 +13,11 @@ class PayloadTooLarge(InvalidPayload):
     """Serialized arguments are over the size cap (BACKLOT['MAX_PAYLOAD_BYTES'])."""
 
 
+class InvalidArguments(BacklotError, TypeError):
+    """Job arguments that do not fit the job's signature (a mistyped call); nothing was
+    enqueued. A TypeError, as calling the function with them would raise."""
+
+
 class UnknownTask(BacklotError, LookupError):
     """A task name that no installed module registers (e.g. replaying a removed job)."""
 

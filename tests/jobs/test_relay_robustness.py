@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from config.celery import app as celery_app
-from jobs import enqueue_many, relay
+from jobs import InvalidArguments, dead_letter_replay, dead_letter_replay_many, enqueue_many, relay
 from jobs.broker import queue_keys
 from jobs.models import DeadLetter, Job, JobState
 from jobs.monitoring import health_report
@@ -76,9 +76,10 @@ def fresh_relay(monkeypatch: pytest.MonkeyPatch) -> Any:
     ],
 )
 def test_a_mistyped_call_is_refused_before_any_row_is_written(clean_redis, call):
-    with pytest.raises(TypeError, match=r"nothing was enqueued") as raised:
+    with pytest.raises(InvalidArguments, match=r"nothing was enqueued") as raised:
         call()
 
+    assert isinstance(raised.value, TypeError)  # what calling the function would raise
     assert raised.value.args[0].startswith(("tests.add: add()", "tests.progress: progress()"))
     assert Job.objects.count() == 0
     assert messages_waiting("default") == 0
@@ -112,12 +113,21 @@ def test_a_row_that_cannot_be_published_is_dead_lettered_and_the_sweep_goes_on(
     bad.refresh_from_db()
     assert bad.state == JobState.DEAD and bad.published_at is None
     letter = DeadLetter.objects.get(job_id_value=bad.id)
-    assert letter.exception_class == "TypeError"
+    assert letter.exception_class == "jobs.exceptions.InvalidArguments"
     assert "missing 1 required positional argument: 'b'" in letter.exception_message
     assert letter.attempts == 0 and letter.args == [5]
     assert [r.getMessage() for r in caplog.records if r.name == "jobs.relay"] == [
-        f"Job {bad.id} (tests.add) cannot be published (TypeError): dead-lettered"
+        f"Job {bad.id} (tests.add) cannot be published (InvalidArguments): dead-lettered"
     ]
+    # a bulk replay skips it with the reason; a replay with fixed arguments sends it
+    outcome = dead_letter_replay_many(queryset=DeadLetter.objects.filter(pk=letter.pk))
+    assert (outcome.done, outcome.skipped) == (0, 1)
+    assert outcome.errors == [
+        f"dead letter {letter.pk}: tests.add: add() missing 1 required positional argument: "
+        "'b'; nothing was enqueued"
+    ]
+    fixed = dead_letter_replay(dead_letter=letter, args=[5, 1])
+    assert Job.objects.get(id=fixed.id).args == [5, 1]
     # and the relay command, the way `make run` runs it, no longer fails its sweeps
     out = io.StringIO()
     call_command("jobs", "relay", "--once", stdout=out)
