@@ -43,7 +43,10 @@ CANVAS_OPTIONS = frozenset(
 # Per-call time limits (apply_async(time_limit=..., soft_time_limit=...)), kept on the row too:
 # a relayed or retried job runs under the limits it was sent with, not the task's defaults.
 LIMIT_OPTIONS = frozenset({"time_limit", "soft_time_limit"})
-STORED_OPTIONS = CANVAS_OPTIONS | LIMIT_OPTIONS
+# Celery options a relayed message must keep: an absolute expiry (PlatformTask.apply_async
+# turns a relative one into a time), custom headers and stamps, ignore_result.
+CELERY_OPTIONS = frozenset({"expires", "headers", "stamped_headers", "ignore_result"})
+STORED_OPTIONS = CANVAS_OPTIONS | LIMIT_OPTIONS | CELERY_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -159,8 +162,11 @@ def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
 
 def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Message options worth keeping in the ledger for the relay (canvas links, per-call time
-    limits), as JSON."""
-    kept = {k: v for k, v in (options or {}).items() if k in STORED_OPTIONS and v is not None}
+    limits, Celery's expiry, headers and stamps), as JSON."""
+    options = options or {}
+    # A stamp rides as an option named by stamped_headers (Celery's stamping visitors).
+    names = STORED_OPTIONS | set(options.get("stamped_headers") or ())
+    kept = {k: v for k, v in options.items() if k in names and v is not None}
     try:
         return json.loads(json.dumps(kept))
     except (TypeError, ValueError):

@@ -24,7 +24,7 @@ from .conf import backlot_settings
 from .exceptions import BrokerUnavailable, JobCancelled, LeaseLost
 from .lease import holding, refused, renewer
 from .models import Job, JobState
-from .policies import Permanent, TimeLimitHit
+from .policies import RetryDecision, RetryRequested, TimeLimitHit
 from .redelivery import (
     Runnable,
     request_priority,
@@ -163,10 +163,11 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         if exc.requeue and task.track:  # type: ignore[attr-defined]
             ledger.release(job_id=request.id, attempt=attempt, lease_owner=_lease_owner(task))
             raise
-        reason = Permanent(f"rejected: {exc.reason}")  # type: ignore[attr-defined]
+        # Rejected for good: the job gives up with the Reject itself, as Celery stores it.
+        request.backlot_give_up = True
         attempt_failed(
             task,
-            reason,
+            exc,
             args=args,
             kwargs=kwargs,
             attempt=attempt,
@@ -195,11 +196,13 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
 
 def _succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> None:
     if task.track:
+        # ignore_result (the call's, else the task's): the row keeps no return value (Celery).
+        kept = None if getattr(task.request, "backlot_discard_result", False) else result
         written = ledger.succeed(
             job_id=_job_id(task),
             attempt=attempt,
             run_seconds=duration,
-            result=result,
+            result=kept,
             lease_owner=_lease_owner(task),
         )
         if not written:
@@ -260,11 +263,19 @@ def attempt_failed(
     )
     if ledger.database_busy(reason):
         busy_database(task, attempt)  # a wait, not a failed attempt: never a dead letter
+    # self.retry(): the ledger and the caller see the task's exception, not the request for it.
+    requested = exc if isinstance(exc, RetryRequested) else None
+    if requested is not None:
+        reason = requested.reason
     if task.track and cancel_requested(_job_id(task)):
         # asked to stop, and it failed on the way out: cancelled, not retried or dead
         stopped_on_request(task, args, kwargs, attempt, run_seconds)
         raise Ignore()
-    decision = task.policy.decide(reason, attempt)
+    if getattr(task.request, "backlot_give_up", False):
+        # self.retry() past max_retries, or Reject(requeue=False): no retry, whatever the policy
+        decision = RetryDecision(retry=False, delay=0.0)
+    else:
+        decision = task.policy.decide(requested or reason, attempt)
     if not decision.retry:
         give_up(
             task,
@@ -279,7 +290,7 @@ def attempt_failed(
         )
         return
     if not _schedule_retry(
-        task, args, kwargs, attempt, failures, reason, decision.delay, run_seconds
+        task, args, kwargs, attempt, failures, reason, decision.delay, run_seconds, requested
     ):
         raise Ignore()  # this run lost its claim; the job's current run decides
     _event(
@@ -418,9 +429,18 @@ def _schedule_retry(
     exc: BaseException,
     delay: float,
     run_seconds: float | None,
+    requested: RetryRequested | None = None,
 ) -> bool:
-    """Record the failed attempt and publish the next; False if this run lost its claim."""
+    """Record the failed attempt and publish the next; False if this run lost its claim.
+
+    A self.retry() may give the next run other arguments and message options (priority,
+    queue, headers, time limits): the ledger row takes the arguments, the message both."""
     job_id = _job_id(task)
+    options: dict[str, Any] = {}
+    if requested is not None:
+        args = tuple(requested.args_override) if requested.args_override is not None else args
+        kwargs = requested.kwargs_override if requested.kwargs_override is not None else kwargs
+        options = requested.options
     due: datetime | None = timezone.now() + timedelta(seconds=delay)
     if task.track:
         due = ledger.retry_later(
@@ -431,12 +451,14 @@ def _schedule_retry(
             delay=delay,
             run_seconds=run_seconds or 0.0,
             lease_owner=_lease_owner(task),
+            args=None if requested is None else list(args),
+            kwargs=None if requested is None else dict(kwargs),
         )
         if due is None:
             refused("retry", job_id, attempt)
             return False
         if delay > backlot_settings().MAX_BROKER_COUNTDOWN:
             return True  # a long wait stays in the ledger; the relay publishes it when due
-    if not resend(task, args, kwargs, due, {"retries": attempt}) and not task.track:
+    if not resend(task, args, kwargs, due, {**options, "retries": attempt}) and not task.track:
         raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")
     return True

@@ -21,6 +21,36 @@ class Retryable(Exception):
         self.retry_after = retry_after
 
 
+class RetryRequested(Retryable):
+    """Celery's ``self.retry()`` inside a job: this attempt failed with `exc` (None when the
+    task gave none) and asks for another run, after `retry_after` seconds (None: the policy's
+    delay), with `args`/`kwargs` replacing the call's when given and `options` (priority,
+    queue, headers, time limits) for the next message. PlatformTask.retry has already checked
+    Celery's max_retries, so the policy's attempt count does not stop it."""
+
+    def __init__(
+        self,
+        exc: BaseException | None,
+        *,
+        retry_after: float | None = None,
+        args: Sequence[object] | None = None,
+        kwargs: dict[str, object] | None = None,
+        options: dict[str, object] | None = None,
+    ) -> None:
+        super().__init__(
+            str(exc) if exc is not None else "retry requested", retry_after=retry_after
+        )
+        self.exc = exc
+        self.args_override = None if args is None else list(args)
+        self.kwargs_override = None if kwargs is None else dict(kwargs)
+        self.options = dict(options or {})
+
+    @property
+    def reason(self) -> BaseException:
+        """What the ledger records for the failed attempt: the task's exception, else this."""
+        return self.exc if self.exc is not None else self
+
+
 class Permanent(Exception):
     """A failure that no retry can fix: the job goes to the dead letters at once."""
 
@@ -174,7 +204,8 @@ class RetryPolicy:
         A delay the failure asks for (Retryable.retry_after) replaces the policy's own and is
         capped at max_delay: a server's Retry-After of a day cannot park a job for a day.
         """
-        if not self.should_retry(exc, attempt):
+        # self.retry() was checked against Celery's max_retries (PlatformTask.retry) already.
+        if not isinstance(exc, RetryRequested) and not self.should_retry(exc, attempt):
             return RetryDecision(retry=False, delay=0.0)
         delay = self.delay_for(attempt, rng=rng)
         if isinstance(exc, Retryable) and exc.retry_after is not None:

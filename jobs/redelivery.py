@@ -22,9 +22,20 @@ from .ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
-# Message options a re-sent job does not inherit from the delivery it replaces. Its time limits
-# it does inherit: a per-call time_limit/soft_time_limit holds for every attempt.
-NOT_CARRIED = frozenset({"task_id", "headers", "retries", "expires"})
+# Message options a re-sent job does not inherit from the delivery it replaces. Its time limits,
+# expiry and custom headers it does inherit, as a Celery retry does: a per-call time_limit holds
+# for every attempt, an expired job never runs, apply_async(headers=...) reach every run.
+NOT_CARRIED = frozenset({"task_id", "retries"})
+# Headers the platform writes per message (a rate-limit slot, the trace context): never carried.
+_OWN_HEADER_PREFIXES = ("backlot_", "traceparent", "tracestate", "baggage")
+
+
+def _carried_headers(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {
+        key: value
+        for key, value in (headers or {}).items()
+        if not key.startswith(_OWN_HEADER_PREFIXES)
+    }
 
 
 class Runnable(Enqueueable, Protocol):
@@ -73,12 +84,22 @@ def resend(
         for key, value in task.request.as_execution_options().items()
         if value is not None and key not in NOT_CARRIED
     }
+    options = dict(options)
+    headers = {
+        **_carried_headers(carried.pop("headers", None)),
+        **(options.pop("headers", None) or {}),
+    }
+    if headers:
+        options["headers"] = headers
+    # self.retry(priority=..., queue=...): Backlot's 0-9 priority and a queue for the next run.
+    priority = options.pop("priority", None)
+    queue = options.pop("queue", None)
     job = Job(
         id=task.request.id,
         args=list(args),
         kwargs=dict(kwargs),
-        queue=request_queue(task),
-        priority=request_priority(task),
+        queue=queue or request_queue(task),
+        priority=request_priority(task) if priority is None else int(priority),
         scheduled_for=due,
         trace_context=tracing.message_context(task.request),  # each attempt in the same trace
     )

@@ -16,7 +16,7 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 from django.db import close_old_connections
 
-from . import execution, ledger
+from . import events, execution, ledger
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
@@ -39,14 +39,21 @@ class PlatformRequest(Request):
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
+        request = self._request_dict
+        tracked = getattr(self._task, "track", False)
+        # ignore_result asked by the call (the header; Backlot's slimming drops it when False),
+        # else the task's own: a tracked job then keeps no return value in its row either.
+        asked = request.get("ignore_result")
+        if tracked and (asked if asked is not None else self._task.ignore_result):
+            request["backlot_discard_result"] = True
+        # The worker reads a missing root_id (slimmed away when it repeats the id) as the job's
+        # own; the task's request says so too, as Celery's does (request.root_id).
+        if not request.get("root_id"):
+            request["root_id"] = self.id
         # A tracked job's return value goes into its ledger row (one UPDATE at finish), so the
         # result backend is skipped, unless a chord or group reads its members' results there.
-        if (
-            getattr(self._task, "track", False)
-            and not self._request_dict.get("chord")
-            and not self._request_dict.get("group")
-        ):
-            self._request_dict["ignore_result"] = True
+        if tracked and not request.get("chord") and not request.get("group"):
+            request["ignore_result"] = True
             self._ignore_result = True
 
     def on_failure(
@@ -79,6 +86,41 @@ class PlatformRequest(Request):
                 logger.exception("Could not release the claim of cancelled job %s", self.id)
         # Request._announce_cancelled exists in Celery but not in celery-types' stub.
         super()._announce_cancelled(emit_retry=emit_retry)  # type: ignore[misc]
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> None:
+        """A message discarded before it ran: expired (Celery's expires), or revoked by id or
+        by a stamped header (revoke_by_stamped_headers) while waiting. Its job ends cancelled
+        in the ledger (the reason as its error; no attempt, no dead letter), so the status API
+        and AsyncResult (REVOKED) say so and the relay never sends it again. A terminated run
+        is recorded by on_failure."""
+        if getattr(self.task, "track", False) and not terminated:
+            close_old_connections()
+            try:
+                self._discarded(reason)
+            except Exception:
+                logger.exception("Could not record the %s job %s in the ledger", reason, self.id)
+        # Request._announce_revoked exists in Celery but not in celery-types' stub.
+        super()._announce_revoked(reason, terminated, signum, expired)  # type: ignore[misc]
+
+    def _discarded(self, reason: str) -> None:
+        if not ledger.cancel_discarded(self.id, reason=reason):
+            return  # already cancelled (a revoke is recorded first), running or finished
+        task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
+        job = Job.objects.filter(id=self.id).only("queue", "attempts").first()
+        events.send(
+            events.job_cancelled,
+            task=task.name,
+            job_id=str(self.id),
+            queue=job.queue if job else task.queue_name,
+            attempt=job.attempts if job else 0,
+            while_running=False,
+            by=None,
+        )
+        if task.on_cancelled is not None:
+            try:
+                task.on_cancelled(tuple(self.args), dict(self.kwargs))
+            except Exception:
+                logger.exception("on_cancelled hook of %s failed", task.name)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         if not soft and self._backlot_retrying:

@@ -2,7 +2,11 @@
 
 A tracked job stores its return value in its Job row (the UPDATE that finishes the run), not
 in a second django-celery-results row; this backend lets `AsyncResult(id).get()` and Flower
-still see it. Chord and group members, and untracked jobs, are stored by the stock backend.
+still see it, as Celery would report it: SUCCESS with the return value (None for a call that
+asked ignore_result), RETRY with the exception of the attempt that asked for it, FAILURE with
+the exception the job gave up with (its class and arguments, as raised: the ledger keeps
+them with each failure), REVOKED for a cancelled or expired job (TaskRevokedError).
+Chord and group members, and untracked jobs, are stored by the stock backend.
 """
 
 from __future__ import annotations
@@ -21,7 +25,45 @@ _CELERY_STATE = {
     "retrying": states.RETRY,
     "succeeded": states.SUCCESS,
     "dead": states.FAILURE,
+    "cancelled": states.REVOKED,
 }
+
+
+def _exception_meta(name: str, message: str, arguments: list[Any] | None) -> dict[str, Any]:
+    """An exception as Celery's JSON result meta holds it (exception_to_python reads it)."""
+    module, _, exc_type = name.rpartition(".")
+    return {
+        "exc_type": exc_type,
+        "exc_message": arguments if arguments is not None else [message],
+        "exc_module": module or "builtins",
+    }
+
+
+def _last_failure(job: Any) -> dict[str, Any] | None:
+    return job.failures[-1] if job.failures else None
+
+
+def _failure_meta(job: Any) -> dict[str, Any]:
+    """The exception the job gave up with; its arguments when the ledger kept them for it."""
+    name, _, message = (job.error or "RuntimeError: gave up").partition(": ")
+    last = _last_failure(job)
+    arguments = last.get("args") if last and last.get("exception") == name else None
+    return _exception_meta(name, message, arguments)
+
+
+def _retry_meta(job: Any) -> dict[str, Any] | None:
+    last = _last_failure(job)
+    if last is None:
+        return None
+    return _exception_meta(last["exception"], last.get("message", ""), last.get("args"))
+
+
+def _revoked_meta(job: Any) -> dict[str, Any]:
+    return {
+        "exc_type": "TaskRevokedError",
+        "exc_message": [job.error or "revoked"],
+        "exc_module": "celery.exceptions",
+    }
 
 
 class LedgerResultBackend(DatabaseBackend):
@@ -37,27 +79,28 @@ class LedgerResultBackend(DatabaseBackend):
             return meta
         job = (
             Job.objects.filter(id=key)
-            .only("state", "result", "error", "finished_at", "task_name")
+            .only("state", "result", "error", "failures", "finished_at", "task_name")
             .first()
         )
         if job is None:
             return meta
         status = _CELERY_STATE[job.state]
-        result: Any = job.result
-        if status == states.FAILURE:
-            name, _, message = (job.error or "RuntimeError: gave up").partition(": ")
-            module, _, exc_type = name.rpartition(".")
-            result = {
-                "exc_type": exc_type,
-                "exc_message": [message],
-                "exc_module": module or "builtins",
+        result: Any = None
+        if status == states.SUCCESS:
+            result = job.result
+        elif status == states.FAILURE:
+            result = _failure_meta(job)
+        elif status == states.RETRY:
+            result = _retry_meta(job)
+        elif status == states.REVOKED:
+            result = _revoked_meta(job)
+        # The stock backend decodes exceptions on the way out (meta_from_decoded): so do we.
+        return self.meta_from_decoded(
+            {
+                **meta,
+                "status": status,
+                "result": result,
+                "date_done": job.finished_at,
+                "task_name": job.task_name,
             }
-        elif status != states.SUCCESS:
-            result = None
-        return {
-            **meta,
-            "status": status,
-            "result": result,
-            "date_done": job.finished_at,
-            "task_name": job.task_name,
-        }
+        )

@@ -9,14 +9,18 @@ enqueue options go through ``using()``: ``email_send.using(priority=9, owner=use
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from celery import Task
+from celery.utils.serialization import raise_with_context
+from celery.utils.time import maybe_iso8601, maybe_make_aware
+from django.utils import timezone
 
 from . import context, execution
 from . import enqueue as enqueuing
@@ -24,8 +28,10 @@ from .conf import backlot_settings
 from .enqueue import JobHandle
 from .exceptions import JobCancelled
 from .models import Job
-from .policies import DEFAULT_POLICY, Retryable, RetryPolicy
+from .policies import DEFAULT_POLICY, RetryPolicy, RetryRequested
 from .progress import ProgressThrottle
+
+logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,6 +46,18 @@ ENQUEUE_OPTIONS = frozenset(
 CANCEL_CHECK_INTERVAL = 0.5
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
 _APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue", "owner", "idempotency_key"})
+
+
+def _absolute_expiry(expires: Any) -> str:
+    """Celery's expires (seconds from now, a datetime or an ISO 8601 string) as an absolute
+    time: the ledger keeps it, so a message the relay sends later expires when asked."""
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return (timezone.now() + timedelta(seconds=float(expires))).isoformat()
+    if isinstance(expires, datetime):
+        return maybe_make_aware(expires).isoformat()
+    if isinstance(expires, str) and maybe_iso8601(expires) is not None:
+        return expires
+    raise ValueError(f"expires must be seconds, a datetime or an ISO 8601 time, got {expires!r}")
 
 
 @dataclass(frozen=True)
@@ -138,6 +156,8 @@ class PlatformTask(Task[P, R]):
         # ledger-backed path as enqueue(), Backlot's owner= and idempotency_key= included;
         # per-call time_limit/soft_time_limit ride in the message and stay with the row.
         passthrough = {k: v for k, v in options.items() if k not in _APPLY_OPTIONS}
+        if passthrough.get("expires") is not None:
+            passthrough["expires"] = _absolute_expiry(passthrough["expires"])
         if link is not None:
             passthrough["link"] = link
         if link_error is not None:
@@ -165,7 +185,10 @@ class PlatformTask(Task[P, R]):
                 task_id=task_id,
                 publish_options=passthrough,
             )
-        return self.AsyncResult(handle.id)
+        result = self.AsyncResult(handle.id)
+        # As Celery's send_task: a call that ignores its result gets None from get() at once.
+        result.ignored = bool(options.get("ignore_result", False))
+        return result
 
     def _sent_from_worker(self) -> AbstractContextManager[None]:
         """A chord's callback (sent by the result backend once the last member finished) and
@@ -194,8 +217,73 @@ class PlatformTask(Task[P, R]):
         max_retries: int | None = None,
         **options: Any,
     ) -> Any:
-        """Celery's retry() maps onto the retry policy: a Retryable with the asked delay."""
-        raise Retryable(str(exc or "retry requested"), retry_after=countdown) from exc
+        """Celery's retry(), onto the retry policy and the ledger.
+
+        As in Celery: retry number ``request.retries + 1`` is refused past `max_retries` (this
+        call's, else the task's own ``max_retries=`` when it declares one, else the policy's
+        max_attempts - 1), and then `exc` is raised (MaxRetriesExceededError without one), so
+        the job gives up with it. Otherwise this attempt is recorded as failed with `exc`, and
+        the next runs after `countdown` seconds (or at `eta`; neither: the task's own
+        default_retry_delay when it declares one, else the policy's backoff, both capped by
+        the policy's max_delay), with `args`/`kwargs` when given and `options` (priority on
+        Backlot's 0-9 scale, queue, headers, time limits, expires) on its message. The
+        caller's AsyncResult reads RETRY with `exc`, then the final outcome.
+        """
+        request = self.request
+        if request.called_directly or request.is_eager or not request.id:
+            # Not a worker run (a direct call, apply(), always-eager): Celery's own semantics.
+            # celery-types wants an Exception; Celery takes any exception.
+            return super().retry(
+                args,
+                kwargs,
+                exc,  # type: ignore[arg-type]
+                throw,
+                eta,
+                countdown,
+                max_retries,
+                **options,
+            )
+        retries = (request.retries or 0) + 1
+        limit = self._retry_limit() if max_retries is None else max_retries
+        if retries > limit:
+            # Read by jobs.execution: the job gives up with this exception, whatever the policy.
+            request.backlot_give_up = True  # type: ignore[attr-defined]
+            if exc is not None:
+                raise_with_context(exc)  # type: ignore[arg-type]  # any exception, as Celery's
+            # celery-types declares MaxRetriesExceededError without Celery's task_args/kwargs.
+            raise self.MaxRetriesExceededError(  # type: ignore[call-arg]
+                f"Can't retry {self.name}[{request.id}] args:{args or request.args} "
+                f"kwargs:{kwargs or request.kwargs}",
+                task_args=args or request.args,
+                task_kwargs=kwargs or request.kwargs,
+            )
+        if countdown is None and eta is not None:
+            when = eta if isinstance(eta, datetime) else maybe_iso8601(eta)
+            if when is None:
+                raise ValueError(f"retry(eta=...) is not a datetime or ISO 8601 string: {eta!r}")
+            when = maybe_make_aware(when)
+            countdown = max(0.0, (when - timezone.now()).total_seconds())
+        if countdown is None and "default_retry_delay" in vars(type(self)):
+            countdown = self.default_retry_delay
+        if not throw:
+            logger.warning(
+                "%s[%s]: retry(throw=False) is a plain retry() under @job: the retry is "
+                "scheduled once this run has ended",
+                self.name,
+                request.id,
+            )
+        raise RetryRequested(
+            exc, retry_after=countdown, args=args, kwargs=kwargs, options=options
+        ) from exc
+
+    def _retry_limit(self) -> int:
+        """How many retries self.retry() may ask for: the task's declared max_retries (Celery's
+        option, as in @job(max_retries=3)), else what the retry policy allows. Backlot never
+        retries without a limit: max_retries=None falls back on the policy."""
+        declared = vars(type(self)).get("max_retries")
+        if isinstance(declared, int):
+            return declared
+        return self.policy.max_attempts - 1
 
     # --- worker's side -----------------------------------------------------------------
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:

@@ -47,7 +47,7 @@ class Worker(PlatformWorker):
             log_dir=LOG_DIR,
             extra_args=[
                 "-I",
-                "tests.support.tasks",
+                "tests.support.tasks,tests.support.celery_tasks",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",

@@ -18,7 +18,7 @@ from .accept import (
     waiting_but_due,
 )
 from .busy import busy_released, database_busy, when_free
-from .cancel import cancel_waiting, request_cancel, run_cancelled
+from .cancel import cancel_discarded, cancel_waiting, request_cancel, run_cancelled
 from .resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
 from .run import (
     EARLY_TOLERANCE,
@@ -46,6 +46,7 @@ __all__ = [
     "Dropped",
     "NewRow",
     "busy_released",
+    "cancel_discarded",
     "cancel_waiting",
     "claim",
     "claim_delivery",

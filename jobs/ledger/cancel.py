@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -27,6 +28,17 @@ def cancel_waiting(job_ids: Iterable[Any]) -> int:
         lease_expires_at=None,
         scheduled_for=None,
     )
+
+
+def cancel_discarded(job_id: Any, *, reason: str) -> bool:
+    """From waiting to cancelled, as cancel_waiting, for a message the worker discarded
+    unrun (Celery's expires, a revoke by stamped header); `reason` ("expired", "revoked") is
+    kept as its error. False when the job was not waiting (already cancelled, or running)."""
+    with transaction.atomic():
+        if not cancel_waiting([job_id]):
+            return False
+        Job.objects.filter(id=job_id, state=target("cancel")).update(error=reason)
+    return True
 
 
 def request_cancel(job_ids: Iterable[Any]) -> int:

@@ -297,14 +297,32 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
     return name, str(exc)
 
 
+# An exception's arguments are kept with its failure (so AsyncResult.get() and an errback see
+# the exception as raised, not its message folded into one string) up to this size as JSON.
+MAX_EXCEPTION_ARGS_BYTES = 2000
+
+
+def exception_arguments(exc: BaseException) -> list[Any] | None:
+    """The exception's args as JSON, or None when they are not JSON or too large."""
+    try:
+        text = json.dumps(list(exc.args))
+    except (TypeError, ValueError):
+        return None
+    return json.loads(text) if len(text) <= MAX_EXCEPTION_ARGS_BYTES else None
+
+
 def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str, Any]:
     name, message = describe_exception(exc)
-    return {
+    entry = {
         "attempt": attempt,
         "at": when.isoformat(),
         "exception": name,
         "message": message[:1000],
     }
+    arguments = exception_arguments(exc)
+    if arguments is not None:
+        entry["args"] = arguments
+    return entry
 
 
 @busy_retried  # SQLite's "database is locked" is waited out
@@ -317,9 +335,12 @@ def retry_later(
     delay: float,
     run_seconds: float,
     lease_owner: str | None = None,
+    args: list[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
 ) -> datetime | None:
     """From running to retrying: record the failed attempt and when the next is due; None when
-    this run no longer holds the claim (nothing is written then).
+    this run no longer holds the claim (nothing is written then). `args`/`kwargs`, when given,
+    are what the next run is called with (Celery's self.retry(args=..., kwargs=...)).
 
     The row is left unpublished: the caller publishes it (and marks it) when the broker should
     hold it, otherwise the relay does once it is due.
@@ -327,7 +348,13 @@ def retry_later(
     now = timezone.now()
     due = now + timedelta(seconds=delay)
     name, message = describe_exception(exc)
+    arguments: dict[str, Any] = {}
+    if args is not None:
+        arguments["args"] = args
+    if kwargs is not None:
+        arguments["kwargs"] = kwargs
     updated = _held(job_id, attempt, "retry_later", lease_owner).update(
+        **arguments,
         state=target("retry_later"),
         scheduled_for=due,
         published_at=None,

@@ -1,0 +1,187 @@
+"""Celery code runs unchanged on @job: what a Celery task does (Celery's docs, celery/app/task.py,
+celery/backends/base.py), a @job task does too, on a real worker, with the ledger behind it.
+
+The tasks are in tests/support/celery_tasks.py, written as Celery code would be.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from celery import states
+from celery.exceptions import MaxRetriesExceededError, Reject, TaskRevokedError
+from celery.result import AsyncResult
+from django.utils import timezone
+
+from jobs.broker import broker_priority
+from jobs.models import DeadLetter, Job, JobState
+from tests.conftest import wait_until
+from tests.support import celery_tasks as ct
+
+TIMEOUT = 60
+
+
+def _status_until(result: AsyncResult, status: str, timeout: float = TIMEOUT) -> str:
+    return wait_until(
+        lambda: result.status == status and status,
+        timeout=timeout,
+        what=f"{result.id} to read {status}",
+    )
+
+
+# --- a. self.retry() --------------------------------------------------------------------------
+def test_retry_past_max_retries_raises_the_original_exception(worker, unique):
+    # when: a task that always asks self.retry(exc=ExpectedException(...), max_retries=2)
+    result = ct.retry.delay(unique)
+
+    # then: RETRY with the exception while it retries, then FAILURE with the same exception
+    _status_until(result, states.RETRY)
+    assert isinstance(result.result, ct.ExpectedException)
+    with pytest.raises(ct.ExpectedException) as raised:
+        result.get(timeout=TIMEOUT)
+    assert raised.value.args == ("flaky", 2)
+    assert result.status == states.FAILURE and result.failed()
+    assert ct.echoed(unique) == ["0", "1", "2"]  # request.retries counts each retry
+    job = Job.objects.get(id=result.id)
+    assert job.state == JobState.DEAD and job.attempts == 3
+    exception = "tests.support.celery_tasks.ExpectedException"
+    assert [f["exception"] for f in job.failures] == [exception] * 3
+    assert DeadLetter.objects.get(job_id_value=result.id).exception_class == exception
+
+
+def test_retry_then_success(worker, unique):
+    result = ct.retry.delay(unique, succeed_after=1)
+
+    assert result.get(timeout=TIMEOUT) == "retried 1"
+    assert result.status == states.SUCCESS
+    assert ct.echoed(unique) == ["0", "1"]
+    assert not DeadLetter.objects.filter(job_id_value=result.id).exists()
+
+
+def test_retry_past_max_retries_gives_up_even_on_an_exception_the_policy_retries(worker, unique):
+    # ConnectionError is one the default policy retries (5 attempts); max_retries=1 stops it.
+    result = ct.retry_transient.delay(unique)
+
+    with pytest.raises(ConnectionError) as raised:
+        result.get(timeout=TIMEOUT)
+    assert raised.value.args == ("down", 1)
+    assert ct.echoed(unique) == ["0", "1"]
+    assert Job.objects.get(id=result.id).state == JobState.DEAD
+
+
+def test_retry_without_exc_past_max_retries_raises_max_retries_exceeded(worker):
+    result = ct.retry_no_exc.delay()
+
+    with pytest.raises(MaxRetriesExceededError):
+        result.get(timeout=TIMEOUT)
+    job = Job.objects.get(id=result.id)
+    assert job.attempts == 2 and job.state == JobState.DEAD
+
+
+def test_retry_keeps_priority_and_headers_and_takes_new_args_and_options(worker):
+    result = ct.retry_once_options.apply_async(
+        (1,), {"queue": "emails"}, headers={"x-test-header": "kept"}, priority=7
+    )
+
+    seen = result.get(timeout=TIMEOUT)
+    assert seen["retries"] == 1 and seen["foo"] == 2  # self.retry(args=(foo + 1,))
+    assert seen["headers"]["x-test-header"] == "kept"
+    assert seen["priority"] == broker_priority(7)  # the retried message's priority
+    assert seen["queue"] == "emails"  # self.retry(queue="emails")
+    job = Job.objects.get(id=result.id)
+    assert job.args == [2] and job.priority == 7
+
+
+def test_retry_at_eta(worker):
+    asked = time.time()
+    result = ct.retry_eta.delay(1.5)
+
+    ran = result.get(timeout=TIMEOUT)
+    assert ran - asked >= 1.5
+
+
+# --- b. expires ------------------------------------------------------------------------------
+def _busy(worker_slots: int = 2, seconds: float = 2.0) -> None:
+    """Keep the worker's processes busy (as Celery's test_expired does), so a job waits."""
+    for _ in range(worker_slots * 2):
+        ct.sleeping.delay(seconds)
+
+
+@pytest.mark.parametrize("as_time", [False, True], ids=["seconds", "datetime"])
+def test_an_expired_job_never_runs_and_reads_revoked(worker, client, admin_user, as_time):
+    _busy()
+    expires: Any = timezone.now() + timedelta(seconds=1) if as_time else 1
+    result = ct.add.apply_async((1, 1), expires=expires)
+
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=TIMEOUT)
+    assert result.status == states.REVOKED
+    assert result.ready() and not result.failed() and not result.successful()
+    job = Job.objects.get(id=result.id)
+    assert (job.state, job.error, job.attempts) == (JobState.CANCELLED, "expired", 0)
+    assert not DeadLetter.objects.filter(job_id_value=result.id).exists()
+    client.force_login(admin_user)
+    body = client.get(f"/api/jobs/{result.id}/").json()
+    assert body["state"] == "cancelled" and body["error"] == "expired"
+
+
+def test_expires_is_kept_as_a_time_and_the_relay_sends_it_with_the_job(worker):
+    from jobs import ledger
+    from jobs.relay import RELAY_GRACE, job_relay
+
+    # apply_async(expires=600) is kept on the row as the time it names, not as "600"
+    kept = Job.objects.get(id=ct.add.apply_async((2, 2), expires=600).id).publish_options
+    assert abs(datetime.fromisoformat(kept["expires"]) - timezone.now()) < timedelta(seconds=660)
+    assert datetime.fromisoformat(kept["expires"]) > timezone.now() + timedelta(seconds=500)
+
+    # given: a job in the outbox (the broker never took its message) that expired meanwhile
+    job = Job(
+        task_name=ct.add.name,
+        args=[2, 2],
+        kwargs={},
+        queue="default",
+        priority=5,
+        state=JobState.QUEUED,
+        max_attempts=5,
+        enqueued_at=timezone.now() - RELAY_GRACE * 2,
+        publish_options={"expires": (timezone.now() - timedelta(seconds=1)).isoformat()},
+    )
+    ledger.insert(job)
+
+    # when: the relay sends it
+    assert job_relay() >= 1
+
+    # then: the worker discards it as expired, and the relay does not send it again
+    result: AsyncResult[Any] = AsyncResult(str(job.id))
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=TIMEOUT)
+    job.refresh_from_db()
+    assert (job.state, job.error, job.attempts) == (JobState.CANCELLED, "expired", 0)
+    assert job_relay() == 0
+
+
+# --- c. results: ignore_result, Reject --------------------------------------------------------
+def test_reject_without_requeue_stores_the_failure(worker):
+    result = ct.reject_without_requeue.delay()
+
+    with pytest.raises(Reject):
+        result.get(timeout=TIMEOUT)
+    assert result.status == states.FAILURE
+    assert result.ready() and result.failed() and not result.successful()
+    job = Job.objects.get(id=result.id)
+    assert job.state == JobState.DEAD and job.attempts == 1
+    assert job.error.startswith("celery.exceptions.Reject")
+
+
+def test_ignore_result_stores_and_returns_nothing(worker):
+    result = ct.add.apply_async((1, 2), ignore_result=True)
+
+    assert result.get(timeout=TIMEOUT) is None  # Celery: None at once, without waiting
+    job = wait_until(lambda: Job.objects.filter(id=result.id, state=JobState.SUCCEEDED).first())
+    assert job.result is None
+    assert AsyncResult(result.id).result is None
+    kept = ct.add.apply_async((1, 2))
+    assert kept.get(timeout=TIMEOUT) == 3

@@ -1,0 +1,144 @@
+"""Celery-style tasks declared with @job, the way a team moving Celery code onto Backlot
+writes them (after Celery's t/integration/tasks.py); real workers import this module (-I)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery.exceptions import Reject
+
+from jobs.decorators import job
+from jobs.redis import redis_client
+
+
+class ExpectedException(Exception):
+    """Raised on purpose; equal to another with the same class and arguments (as Celery's)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ExpectedException) and self.args == other.args
+
+    def __hash__(self) -> int:
+        return hash(self.args)
+
+
+def echo(key: str, value: Any) -> None:
+    redis_client().rpush(f"test:{key}", str(value))
+
+
+def echoed(key: str) -> list[str]:
+    values = redis_client().lrange(f"test:{key}", 0, -1)
+    return [v.decode() if isinstance(v, bytes) else v for v in values]
+
+
+@job(name="compat.add")
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+@job(name="compat.sleeping")
+def sleeping(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+@job(name="compat.fail")
+def fail(*args: Any) -> None:
+    raise ExpectedException("Task expected to fail", *args)
+
+
+@job(name="compat.retry", bind=True, default_retry_delay=0.2)
+def retry(self: Any, key: str, succeed_after: int | None = None) -> Any:
+    """self.retry(exc=ExpectedException()) until `succeed_after` retries (never: gives up)."""
+    echo(key, self.request.retries)
+    if succeed_after is not None and self.request.retries >= succeed_after:
+        return f"retried {self.request.retries}"
+    raise self.retry(exc=ExpectedException("flaky", self.request.retries), max_retries=2)
+
+
+@job(name="compat.retry_transient", bind=True, max_retries=1)
+def retry_transient(self: Any, key: str) -> None:
+    """Retries once with an exception the policy would retry on its own: past max_retries the
+    job must give up with it all the same."""
+    echo(key, self.request.retries)
+    raise self.retry(exc=ConnectionError("down", self.request.retries), countdown=0.1)
+
+
+@job(name="compat.retry_no_exc", bind=True, max_retries=1)
+def retry_no_exc(self: Any) -> None:
+    raise self.retry(countdown=0.1)
+
+
+@job(name="compat.retry_once_options", bind=True, max_retries=1)
+def retry_once_options(self: Any, foo: int, **options: Any) -> dict[str, Any]:
+    """Retries once, with new arguments and options; returns what the retried run saw."""
+    if self.request.retries:
+        return {
+            "foo": foo,
+            "retries": self.request.retries,
+            "priority": self.request.delivery_info.get("priority"),
+            "queue": self.request.delivery_info.get("routing_key"),
+            "headers": self.request.headers,
+            "time_limit": self.request.timelimit,
+        }
+    raise self.retry(args=(foo + 1,), countdown=0.1, **options)
+
+
+@job(name="compat.retry_eta", bind=True, max_retries=1)
+def retry_eta(self: Any, seconds: float) -> float:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    if self.request.retries:
+        return time.time()
+    raise self.retry(eta=timezone.now() + timedelta(seconds=seconds))
+
+
+@job(name="compat.reject_without_requeue")
+def reject_without_requeue() -> None:
+    raise Reject("rejected", requeue=False)
+
+
+@job(name="compat.ids", bind=True)
+def ids(self: Any, i: int) -> tuple[Any, Any, int]:
+    return self.request.root_id, self.request.parent_id, i
+
+
+@job(name="compat.collect_ids", bind=True)
+def collect_ids(self: Any, res: Any, i: int) -> tuple[Any, tuple[Any, Any, int]]:
+    return res, (self.request.root_id, self.request.parent_id, i)
+
+
+@job(name="compat.build_chain_inside_task", bind=True)
+def build_chain_inside_task(self: Any) -> Any:
+    from celery import group
+
+    # celery-types types `signature | group` as a dict; it is a chain
+    built: Any = add.s(1, 1) | add.s(2) | group(add.s(3), add.s(4)) | add.s(5)
+    return built()
+
+
+@job(name="compat.return_exception")
+def return_exception(e: Any) -> tuple[Any, bool]:
+    return e, True
+
+
+@job(name="compat.errback_new_style")
+def errback_new_style(request: Any, exc: BaseException, traceback: Any) -> None:
+    echo(request.id, f"{type(exc).__name__}{exc.args!r}")
+
+
+@job(name="compat.errback_old_style")
+def errback_old_style(task_id: str) -> str:
+    echo(task_id, "old-style")
+    return task_id
+
+
+@job(name="compat.identity")
+def identity(x: Any) -> Any:
+    return x
+
+
+@job(name="compat.tsum")
+def tsum(nums: list[int]) -> int:
+    return sum(nums)
