@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from jobs import LeaseLost, ledger
 from jobs.effects import effect_once
+from jobs.execution import DELIVERIES
 from jobs.lease import FENCING, Hold, holding
 from jobs.models import Effect, Job, JobState
 from jobs.redis import redis_client, redis_text
@@ -173,6 +174,35 @@ def test_a_stopped_run_whose_job_was_taken_over_has_its_effect_and_finish_refuse
         what="a later job",
     )
     second.stop()
+
+
+def test_a_run_that_stopped_itself_in_time_frees_its_claim_and_the_job_runs_again(
+    fencing_worker: Callable[..., FencingWorker], unique: str
+) -> None:
+    # given: a worker with 3 s leases running a job that stalls
+    worker = fencing_worker("fence-d", BACKLOT_LEASE_SECONDS=LEASE)
+    handle = fencing_jobs.stalls.enqueue(unique)
+    wait_until(partial(marks, f"{unique}:stalling"), timeout=60, what="the job to start")
+
+    # when: the worker is stopped past 80 % of its lease, and nobody takes the job over (no
+    # relay sweeps, no other worker)
+    worker.signal_all(signal.SIGSTOP)
+    time.sleep(float(LEASE))  # the stop itself: what is measured is what the job does after it
+    worker.signal_all(signal.SIGCONT)
+    set_flag(f"{unique}:resume")
+
+    # then: the run stops on LeaseLost, frees the claim it still held and hands its message
+    # back; the next run applies the effect and the job succeeds, without waiting for a relay
+    wait_until(
+        lambda: Job.objects.get(id=handle.id).state == JobState.SUCCEEDED,
+        timeout=60,
+        what="the job to run again",
+    )
+    job = Job.objects.get(id=handle.id)
+    assert job.result == "run 2" and job.attempts == 2
+    assert [value for _, value in marks(f"{unique}:lost")] == ["1:renewals failed"]
+    assert [value for _, value in marks(f"{unique}:applied")] == ["2"]
+    assert int(redis_client().hget(DELIVERIES, "released_lost") or 0) == 1
 
 
 class CuttableProxy:
