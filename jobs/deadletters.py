@@ -13,10 +13,11 @@ from typing import Any
 
 from django.db import transaction
 
-from . import events, ledger
+from . import context, events, ledger
 from .broker import BULK_BATCH
 from .enqueue import JobHandle, check_arguments, enqueue, enqueue_many
 from .exceptions import InvalidArguments, ReplayError, UnknownTask
+from .ledger import batch as batch_ledger
 from .models import AuditEntry, DeadLetter, DeadLetterStatus
 from .registry import task_by_name
 
@@ -76,12 +77,17 @@ def dead_letter_replay_many(
     by: Any = None,
     progress: Callable[[int, int, str], None] | None = None,
     limit: int | None = None,
+    batch: Any = None,
 ) -> BulkOutcome:
     """Replay every unresolved dead letter in `queryset`, 1,000 per transaction.
 
     Each chunk locks its rows (skipping ones another operator holds), enqueues the new jobs
     in bulk (one COPY, one pipelined publish) and marks the rows replayed in one UPDATE: 10,000
     rows take a few seconds, not 10,000 round trips.
+
+    With `batch` (an id), each chunk's replays join that batch in the chunk's transaction: its
+    counters are the bulk replay's progress (the caller keeps it open, e.g. by being a member).
+    A replay of a dead batch member goes back to that member's batch instead (jobs.batches).
     """
     outcome = BulkOutcome()
     ids = list(
@@ -98,13 +104,15 @@ def dead_letter_replay_many(
                 .filter(pk__in=chunk, status=DeadLetterStatus.DEAD)
             )
             outcome.skipped += len(chunk) - len(rows)
+            members = batch_ledger.members_of_batches(rows)
+            joining = context.JoiningBatch(str(batch)) if batch else context.joining_batch()
             # One bulk enqueue per task, priority, queue and owner: each replay keeps all four.
-            groups: dict[tuple[str, int, str, int | None], list[DeadLetter]] = {}
+            groups: dict[tuple[str, int, str, int | None, bool], list[DeadLetter]] = {}
             for row in rows:
-                key = (row.task_name, row.priority, row.queue, row.owner_id)
+                key = (row.task_name, row.priority, row.queue, row.owner_id, row.pk in members)
                 groups.setdefault(key, []).append(row)
             replayed: list[int] = []
-            for (task_name, priority, queue, _), grouped in groups.items():
+            for (task_name, priority, queue, _, member), grouped in groups.items():
                 try:
                     task = task_by_name(task_name)
                 except UnknownTask as exc:
@@ -114,17 +122,22 @@ def dead_letter_replay_many(
                 group = _fitting(task, grouped, outcome)
                 if not group:
                     continue
-                job_ids = enqueue_many(
-                    task,
-                    [(row.args, row.kwargs) for row in group],
-                    priority=priority,
-                    owner=group[0].owner,
-                    queue=queue,
-                    replay_of=[row.pk for row in group],
-                    detached=True,
-                )
+                # a dead batch member's replay goes back to its own batch (ledger.batch)
+                with context.joining(None if member else joining):
+                    job_ids = enqueue_many(
+                        task,
+                        [(row.args, row.kwargs) for row in group],
+                        priority=priority,
+                        owner=group[0].owner,
+                        queue=queue,
+                        replay_of=[row.pk for row in group],
+                        detached=True,
+                    )
                 replayed += [row.pk for row in group]
                 _announce(job_ids, [row.pk for row in group], by, task_name)
+            added = joining.added if batch and joining is not None else 0
+            if added and not batch_ledger.members_added(batch_id=batch, waiting=added):
+                raise ReplayError(f"Batch {batch} has ended; these replays were not sent")
             ledger.dead_letters_replayed(pks=replayed, by=by)
             outcome.done += len(replayed)
         if progress:

@@ -7,6 +7,7 @@ from django.contrib.auth import get_user_model
 
 from .alerts import alerts_check
 from .backends import standard_task  # noqa: F401  (registers the Tasks API runner)
+from .batches import current_batch
 from .deadletters import dead_letter_replay_many
 from .decorators import job
 from .models import DeadLetter
@@ -25,10 +26,16 @@ def relay() -> int:
 def replay_matching(
     self: Any, filters: dict[str, str], user_id: int | None = None
 ) -> dict[str, Any]:
-    """Replay every unresolved dead letter matching operator filters (admin, command)."""
+    """Replay every unresolved dead letter matching operator filters (admin, command). Sent
+    as a member of a batch (the admin's), the replays join that batch: its counters are the
+    bulk replay's progress, and it completes once every replay has ended."""
     user = get_user_model().objects.filter(pk=user_id).first() if user_id else None
+    batch = current_batch()
     outcome = dead_letter_replay_many(
-        queryset=DeadLetter.objects.matching(filters), by=user, progress=self.progress
+        queryset=DeadLetter.objects.matching(filters),
+        by=user,
+        progress=self.progress,
+        batch=batch.id if batch is not None else None,
     )
     return {
         "replayed": outcome.done,

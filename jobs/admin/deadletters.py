@@ -16,6 +16,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from .. import deadletters
+from ..batches import batch
 from ..exceptions import BacklotError
 from ..forms import EditedReplayForm
 from ..masking import mask_value
@@ -216,9 +217,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         filters = self._filters_from(request)
         count = DeadLetter.objects.unresolved().matching(filters).count()
         if request.method == "POST":
-            handle = replay_matching.using(owner=request.user).enqueue(
-                filters=filters, user_id=request.user.pk
-            )
+            # The replays join the batch of the job that sends them: its progress is theirs.
+            with batch(description=f"Replay of {count} dead letters", owner=request.user):
+                handle = replay_matching.using(owner=request.user).enqueue(
+                    filters=filters, user_id=request.user.pk
+                )
             deadletters.audit(
                 user=request.user,
                 action="replay-matching",

@@ -338,3 +338,14 @@ def cancels_members(write: Callable[[list[Any]], int]) -> Callable[[Iterable[Any
         return cancelled
 
     return cancel
+
+
+def members_of_batches(dead_letters: Iterable[DeadLetter]) -> set[int]:
+    """The pks of those dead letters whose job is a member of a batch (its replay goes back to
+    that batch: members_replayed)."""
+    pks = [d.pk for d in dead_letters]
+    if not pks:
+        return set()
+    return set(
+        DeadLetter.objects.filter(pk__in=pks, job__batch__isnull=False).values_list("pk", flat=True)
+    )

@@ -12,19 +12,22 @@ import os
 import signal
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
 from celery import signature
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.utils import timezone
 
 import jobs
 from jobs import ledger
 from jobs.batches import batch_cancel, batch_replay_dead
 from jobs.enqueue import enqueue_many
 from jobs.ledger.batch import callback_job_id
-from jobs.models import Batch, BatchState, DeadLetterStatus, Job, JobState
+from jobs.models import Batch, BatchState, DeadLetter, DeadLetterStatus, Job, JobState
+from jobs.redis import redis_client
 from jobs.relay import job_relay
 from jobs.testing import run_job
 from tests.conftest import marks, wait_until
@@ -86,13 +89,13 @@ def open_batch(
     return batch
 
 
-def replay_after_the_fix(key: str, batch: Batch) -> None:
-    redis_flag = f"test:flag:fixed:{key}"
-    from jobs.redis import redis_client
-
-    redis_client().set(redis_flag, 1, ex=300)
-    outcome = batch_replay_dead(batch=batch)
-    assert outcome.done == 3, outcome
+def replay_after_the_fix(key: str, batch: Batch, expected: int = 3) -> None:
+    """Fix the failing members' cause, then replay the batch's dead members (`expected` of
+    them; 0: the fix only)."""
+    redis_client().set(f"test:flag:fixed:{key}", 1, ex=300)
+    if expected:
+        outcome = batch_replay_dead(batch=batch)
+        assert outcome.done == expected, outcome
 
 
 # --- the 1,000-member batch -----------------------------------------------------------------
@@ -505,3 +508,56 @@ def test_admin_actions_need_their_permissions(client, django_user_model, owned_b
         assert response.status_code == 403
     owned_batch.refresh_from_db()
     assert owned_batch.cancelled == 0
+
+
+# --- the platform's fan-outs on batches -----------------------------------------------------
+def test_bulk_replay_from_the_admin_is_followed_by_its_batch(worker, admin_client, unique):
+    # given 20 dead letters, and a dead member of another batch among them
+    now = timezone.now()
+    for i in range(20):
+        DeadLetter.objects.create(
+            job_id_value=str(uuid.uuid4()),
+            task_name="tests.batch_member",
+            args=[unique, i],
+            kwargs={},
+            queue="default",
+            exception_class="ConnectionError",
+            exception_message="down",
+            first_failed_at=now,
+            last_failed_at=now,
+        )
+    with jobs.batch(description="other", **callbacks(unique)) as other:
+        dead_member = tasks.batch_member.enqueue(unique, 99, fails=True)
+    wait_until(lambda: fired(unique)["complete"], what="the other batch to complete")
+    replay_after_the_fix(unique, other, expected=0)  # (the fix only: the admin replays it)
+
+    # when an operator replays all of them from the admin
+    response = admin_client.post(
+        "/admin/jobs/deadletter/replay-matching/", {"task_name__exact": "tests.batch_member"}
+    )
+    job_id = response["Location"].split("/")[-2]
+
+    # then the replays are the members of the replay job's batch, whose counters are the
+    # progress; the dead member's replay went back to its own batch, which now succeeds
+    replay = Job.objects.get(id=job_id)
+    assert replay.batch is not None
+    progress = replay.batch
+    wait_until(
+        lambda: Batch.objects.get(id=progress.id).state == BatchState.SUCCEEDED,
+        timeout=60,
+        what="the replay batch",
+    )
+    progress.refresh_from_db()
+    assert (progress.total, progress.succeeded) == (1 + 20, 21)
+    assert progress.description == "Replay of 21 dead letters"
+    wait_until(lambda: fired(unique)["success"], timeout=30, what="the other batch's success")
+    other.refresh_from_db()
+    assert (other.state, other.total, other.succeeded, other.dead) == (
+        BatchState.SUCCEEDED,
+        1,
+        1,
+        0,
+    )
+    assert Job.objects.filter(replay_of__job_id=dead_member.id, batch=other).count() == 1
+    page = admin_client.get(f"/jobs/{job_id}/").content.decode()
+    assert 'id="batch"' in page and "21 of 21 ended" in page
