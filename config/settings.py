@@ -134,6 +134,12 @@ EMAIL_TIMEOUT = int(os.environ.get("EMAIL_TIMEOUT", "10"))
 DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "Backlot <noreply@example.com>")
 # Cluster-wide sending rate per SMTP provider (host), shared by every worker.
 EMAIL_RATE_LIMIT = os.environ.get("EMAIL_RATE_LIMIT", "100/s")
+# At most this many sends talk to one SMTP provider at once, across every worker: providers
+# cap open connections per account (10 is a common cap; above it they refuse with 421).
+EMAIL_CONCURRENCY = int(os.environ.get("EMAIL_CONCURRENCY", "10"))
+# At most this many transcodes of one user's videos run at once, across every worker: one
+# user's batch upload cannot take every media worker from the others.
+TRANSCODES_PER_USER = int(os.environ.get("TRANSCODES_PER_USER", "2"))
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG and "CI" not in os.environ)

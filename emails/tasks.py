@@ -17,7 +17,7 @@ from . import services
 
 
 def _provider(args: tuple, kwargs: dict) -> str:
-    """Rate-limit bucket: one per SMTP provider, shared by every worker."""
+    """Rate-limit bucket and concurrency key: one per SMTP provider, shared by every worker."""
     return settings.EMAIL_HOST
 
 
@@ -41,6 +41,8 @@ def _campaign_cancelled(args: tuple, kwargs: dict) -> None:
     time_limit=120,
     rate_limit=settings.EMAIL_RATE_LIMIT,
     rate_key=_provider,
+    concurrency=settings.EMAIL_CONCURRENCY,
+    concurrency_key=_provider,
     on_dead=_email_gave_up,
     on_cancelled=_email_cancelled,
 )

@@ -42,10 +42,9 @@ SEQUENCE = PREFIX + "seq"  # arrival order of parked jobs
 RESENDS = "backlot:metrics:gate_resends"
 PARKED = "backlot:metrics:gate_parked"  # jobs parked, per task
 
-# A granted rate slot may start this much after its time: a start at most LATE late keeps every
-# 1-second window within (1 + LATE + EARLY) * limit + 1 starts (43 at 40/s, under the +10 %
-# the scale test allows). A later arrival runs only while the last second's starts leave room.
-LATE = 0.05
+# A granted rate token is its job's even when the job arrives late (a busy pool, a backlog in
+# its queue): it is never forfeited, so the average holds. Bunching is what the bucket's last
+# second of starts prevents: no start, on time or late, while it holds `limit` starts.
 # ... and this much before it (the ETA is the worker's clock, the slot Redis').
 EARLY = 0.01
 # Most waiters one dispatch call releases (bounds the script's run time in Redis).
@@ -69,7 +68,7 @@ end
 
 # KEYS: 1 wait, 2 messages, 3 grants, 4 conf, 5 holders, 6 bucket, 7 GATES, 8 QUEUES, 9 OWNER,
 #       10 SEQUENCE, 11 the gates waiting on the holders' slots
-# ARGV: job, gate, limit (0: none), interval (0: none), lease, late, early, horizon, message,
+# ARGV: job, gate, limit (0: none), interval (0: none), lease, early, horizon, message,
 #       queue, holders name, bucket name, "1" to park it whatever the slots (at enqueue)
 # Returns {verdict, wait, jobs waiting}: "go" (let in, a slot taken), "held" (it already held its
 # slot: a redelivery), "early" (granted: run after wait), "parked", "waiting" (already parked: a
@@ -82,7 +81,7 @@ local function answer(verdict, wait)
   return {verdict, wait, redis.call('ZCARD', KEYS[1])}
 end
 local limit, interval, lease = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local late, early, horizon = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local early, horizon = tonumber(ARGV[6]), tonumber(ARGV[7])
 local function hold(expiry)
   if limit > 0 then
     redis.call('ZADD', KEYS[5], expiry, job)
@@ -94,6 +93,11 @@ local function full()
   -- start, on time or not, keeps any 1-second window within the rate (late ones bunch up)
   if interval == 0 then return false end
   redis.call('ZREMRANGEBYSCORE', KEYS[12], '-inf', now - 1)
+  local last = redis.call('ZRANGE', KEYS[12], -1, -1, 'WITHSCORES')
+  if last[2] and now - tonumber(last[2]) < interval / 2 then
+    -- late ones catch up at twice the rate at most, never in a clump
+    return math.max(0.001, tonumber(last[2]) + interval / 2 - now)
+  end
   local cap = math.max(1, math.floor(1 / interval + 1e-9))
   if redis.call('ZCARD', KEYS[12]) < cap then return false end
   local oldest = redis.call('ZRANGE', KEYS[12], 0, 0, 'WITHSCORES')
@@ -117,17 +121,17 @@ local function park(at_head)
     score = redis.call('INCR', KEYS[10])
   end
   redis.call('ZADD', KEYS[1], score, job)
-  redis.call('HSET', KEYS[2], job, ARGV[9])
+  redis.call('HSET', KEYS[2], job, ARGV[8])
   redis.call('HSET', KEYS[4], 'limit', limit, 'interval', interval, 'lease', lease,
-    'queue', ARGV[10], 'holders', ARGV[11], 'bucket', ARGV[12])
+    'queue', ARGV[9], 'holders', ARGV[10], 'bucket', ARGV[11])
   redis.call('SADD', KEYS[7], gate)
   if limit > 0 then redis.call('SADD', KEYS[11], gate) end
-  redis.call('HINCRBY', KEYS[8], ARGV[10], 1)
+  redis.call('HINCRBY', KEYS[8], ARGV[9], 1)
   redis.call('HSET', KEYS[9], job, gate)
   return answer('parked', '0')
 end
 if redis.call('ZSCORE', KEYS[1], job) then return answer('waiting', '0') end
-if ARGV[13] == '1' then return park(false) end -- parked at enqueue: the gate decides, in order
+if ARGV[12] == '1' then return park(false) end -- parked at enqueue: the gate decides, in order
 if limit > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now) end
 local holding = limit > 0 and redis.call('ZSCORE', KEYS[5], job) ~= false
 local grant = redis.call('HGET', KEYS[3], job)
@@ -142,7 +146,9 @@ if grant then
   elseif now < slot - early then
     redis.call('HSET', KEYS[3], job, grant)
     return answer('early', tostring(slot - now))
-  elseif now <= slot + late then
+  else
+    -- on time, or late (its token went unused at its time, and is still its own: the total
+    -- stays within the tokens given): it runs once the last second's starts leave room
     local busy = full()
     if busy then
       redis.call('HSET', KEYS[3], job, grant)
@@ -150,23 +156,6 @@ if grant then
     end
     hold(now + lease)
     return started()
-  else
-    -- late: its token went unused at its time. It runs now if the last second's starts leave
-    -- room (its own token, late: the total stays within the tokens given), else it takes the
-    -- next free token if that is near, else the head of the line.
-    if not full() then
-      hold(now + lease)
-      return started()
-    end
-    local at = tat()
-    if at - now <= horizon then
-      take_token(interval, at)
-      redis.call('HSET', KEYS[3], job, string.format('%.6f', at))
-      hold(at + lease)
-      return answer('early', tostring(at - now))
-    end
-    if limit > 0 then redis.call('ZREM', KEYS[5], job) end
-    return park(true)
   end
 end
 if holding then
@@ -358,7 +347,6 @@ class Gates:
                 gate.limit,
                 repr(gate.interval),
                 repr(gate.lease),
-                repr(LATE),
                 repr(EARLY),
                 repr(horizon),
                 message,
@@ -392,7 +380,6 @@ class Gates:
                         gate.limit,
                         repr(gate.interval),
                         repr(gate.lease),
-                        repr(LATE),
                         repr(EARLY),
                         "0",
                         message,

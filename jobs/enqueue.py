@@ -17,7 +17,7 @@ from django.db import transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from . import broker, context, events, ledger, tracing
+from . import broker, context, events, ledger, slots, tracing
 from .conf import backlot_settings
 from .exceptions import BrokerUnavailable, InvalidArguments
 from .models import Job
@@ -295,20 +295,45 @@ def publish_job(
     in the outbox) when the broker is unavailable."""
     now = timezone.now()
     eta = job.scheduled_for if job.scheduled_for and job.scheduled_for > now else None
-    sent = broker.publish(
-        task=task,
-        job_id=str(job.id),
-        args=job.args,
-        kwargs=job.kwargs,
-        queue=job.queue,
-        priority=job.priority,
-        eta=eta,
-        options={**(job.publish_options or {}), **dict(options or {})},
-        trace_context=job.trace_context,
-    )
+    if eta is None and slots.limited(task) and _parked(task, [job], options):
+        sent = True  # it waits at its gate, which publishes it when its slot comes (jobs.slots)
+    else:
+        sent = broker.publish(
+            task=task,
+            job_id=str(job.id),
+            args=job.args,
+            kwargs=job.kwargs,
+            queue=job.queue,
+            priority=job.priority,
+            eta=eta,
+            options={**(job.publish_options or {}), **dict(options or {})},
+            trace_context=job.trace_context,
+        )
     if sent and task.track and mark_published:
         ledger.mark_published([job.id], now=now)
     return sent
+
+
+def _parked(task: Enqueueable, jobs: Sequence[Job], options: Mapping[str, Any] | None) -> set[str]:
+    """Park due jobs of a rate- or concurrency-limited task at their gates instead of the
+    queue; returns the ids parked: none when Redis is unavailable, and none of a call its
+    limits leave unlimited (a mapping without its key or "*"): those are published as usual."""
+    parked = slots.park(
+        task,
+        [
+            slots.Parking(
+                job_id=str(job.id),
+                args=job.args,
+                kwargs=job.kwargs,
+                queue=job.queue,
+                priority=job.priority,
+                options={**(job.publish_options or {}), **dict(options or {})},
+                trace=job.trace_context,
+            )
+            for job in jobs
+        ],
+    )
+    return set(parked)
 
 
 def enqueue_many(
@@ -365,7 +390,22 @@ def enqueue_many(
         raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
 
     def publish() -> None:
-        messages = [(str(row.id), row.args, row.kwargs) for row in rows]
+        todo = rows
+        if slots.limited(task):  # they wait at their gates, which publish them (jobs.slots)
+            waiting = [
+                Job(id=row.id, args=row.args, kwargs=row.kwargs, queue=queue, priority=priority)
+                for row in rows
+            ]
+            for job in waiting:
+                job.trace_context = carrier
+            parked = sorted(_parked(task, waiting, None))
+            for start in range(0, len(parked), ledger.BULK_BATCH) if task.track else ():
+                ledger.mark_published(parked[start : start + ledger.BULK_BATCH])
+            kept = set(parked)
+            todo = [row for row in rows if str(row.id) not in kept]
+            if not todo:
+                return
+        messages = [(str(row.id), row.args, row.kwargs) for row in todo]
         sent = broker.publish_many(
             task=task,
             jobs=messages,
@@ -374,9 +414,9 @@ def enqueue_many(
             trace_context=carrier,
             on_chunk=ledger.mark_published if task.track else None,
         )
-        if sent < len(rows) and not task.track:
+        if sent < len(todo) and not task.track:
             raise BrokerUnavailable(
-                f"Broker unavailable: {len(rows) - sent} untracked {task.name} jobs not sent"
+                f"Broker unavailable: {len(todo) - sent} untracked {task.name} jobs not sent"
             )
 
     _on_commit_or_now(on_commit, publish)

@@ -19,7 +19,7 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from . import context, events, ledger, tracing
+from . import context, events, ledger, slots, tracing
 from .conf import backlot_settings
 from .exceptions import BrokerUnavailable, JobCancelled, LeaseLost
 from .lease import holding, refused, renewer
@@ -30,7 +30,6 @@ from .redelivery import (
     request_priority,
     request_queue,
     resend,
-    take_rate_slot,
 )
 from .redis import redis_client
 
@@ -87,12 +86,23 @@ def _event(signal: Any, task: Runnable, attempt: int, **arguments: Any) -> None:
 
 @tracing.traced_run
 def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
-    """One delivery of a job (in its consumer span): take a rate slot, claim, run, record."""
+    """One delivery of a job (in its consumer span): pass its gate (a rate or concurrency
+    slot), claim, run, record; the slot is freed once the outcome is in the ledger."""
+    held = slots.Slots()
+    try:
+        return _run(task, args, kwargs, held)
+    finally:
+        held.release()
+
+
+def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
     request = task.request
     lease_seconds = backlot_settings().LEASE_SECONDS
     try:
-        if task.cluster_rate_limit and not take_rate_slot(task, args, kwargs):
-            raise Ignore()
+        if (task.cluster_rate_limit or task.concurrency_limit) and not slots.admit(
+            task, args, kwargs, held
+        ):
+            raise Ignore()  # it waits at its gate (acknowledged; no attempt spent)
         claim = None
         since = time.monotonic()  # the claim's lease runs from before its UPDATE
         if task.track:
@@ -126,6 +136,7 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         raise
     attempt = claim.attempt if claim else (request.retries or 0) + 1
     failures = claim.failures if claim else []
+    held.started = True
     tracing.set_attempt(attempt)
     _event(events.job_started, task, attempt)
     hold = None
@@ -136,6 +147,7 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
             lease_seconds=lease_seconds,
             lease_owner=claim.lease_owner,
             since=since,
+            on_renew=held.renew if held.gate and held.gate.limit else None,
         )
     # Kept on Celery's per-request Context: the run's writes match its claim's token.
     request._backlot_hold = hold
@@ -210,17 +222,6 @@ def _succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> No
     _event(events.job_succeeded, task, attempt, duration=duration, result=result)
 
 
-def busy_database(task: Runnable, attempt: int) -> NoReturn:
-    """The run's own write found the database busy (SQLite's lock held past its timeout): that
-    says nothing about the job, so the attempt is not counted. The claim is freed and the
-    message goes back to its queue (Reject with requeue), to run again once the lock is free."""
-    job_id = _job_id(task)
-    if task.track and not ledger.busy_released(job_id=job_id, attempt=attempt):
-        raise Ignore()  # this run lost its claim meanwhile; the job's current run decides
-    logger.warning("Job %s: database busy; attempt %s not counted, requeued", job_id, attempt)
-    raise Reject("the database is busy (locked)", requeue=True)
-
-
 def released_lost_run(task: Runnable, attempt: int) -> None:
     """The run raised LeaseLost: it lost its claim, or stopped itself before its lease could
     lapse. If this run still holds the claim, it frees it and hands its message back (the job
@@ -240,6 +241,17 @@ def released_lost_run(task: Runnable, attempt: int) -> None:
         count_delivery("released_lost")
         raise Reject("this run lost its lease; the job runs again", requeue=True)
     lost(task, "finish", attempt)
+
+
+def busy_database(task: Runnable, attempt: int) -> NoReturn:
+    """The run's own write found the database busy (SQLite's lock held past its timeout): that
+    says nothing about the job, so the attempt is not counted. The claim is freed and the
+    message goes back to its queue (Reject with requeue), to run again once the lock is free."""
+    job_id = _job_id(task)
+    if task.track and not ledger.busy_released(job_id=job_id, attempt=attempt):
+        raise Ignore()  # this run lost its claim meanwhile; the job's current run decides
+    logger.warning("Job %s: database busy; attempt %s not counted, requeued", job_id, attempt)
+    raise Reject("the database is busy (locked)", requeue=True)
 
 
 def attempt_failed(
@@ -379,6 +391,8 @@ def stopped_on_request(
         and owner
     ):
         lost(task, "cancel", attempt)
+    if task.concurrency_limit:
+        slots.free_job(_job_id(task))  # a terminated run's process never reaches its release
     _event(events.job_cancelled, task, attempt, while_running=True, by=None, duration=run_seconds)
     if task.on_cancelled is not None:
         try:
@@ -403,6 +417,8 @@ def worker_lost(task: Runnable, exc: BaseException, *, args: Any, kwargs: Any) -
     Returns the reason it gave up with, or None."""
     job_id = _job_id(task)
     crashes = ledger.release(job_id=job_id, crashed=True)
+    if task.concurrency_limit:
+        slots.free_job(job_id)  # the dead process held its slot: the next waiter goes now
     if crashes < backlot_settings().MAX_WORKER_CRASHES:
         return None
     job = Job.objects.filter(id=job_id).only("attempts", "failures").first()

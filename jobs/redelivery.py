@@ -1,24 +1,18 @@
 """Re-sending a job's message under the same id: for a retry that the broker holds as a
-countdown, and for a job that waits its turn of a cluster-wide rate limit (no attempt spent).
+countdown (a job waiting for a rate or concurrency slot waits in jobs.slots' gates instead).
 Also the Runnable protocol the worker's run needs of its task, and what its delivery says."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Protocol
 
-from celery.exceptions import Reject
-from django.utils import timezone
-
-from . import events, tracing
+from . import tracing
 from .broker import backlot_priority
-from .conf import backlot_settings
 from .enqueue import Enqueueable, publish_job
 from .models import Job
-from .ratelimit import RateLimiter
 
 logger = logging.getLogger(__name__)
 
@@ -106,28 +100,3 @@ def resend(
     return publish_job(
         job=job, task=task, options={**carried, **options}, mark_published=mark_published
     )
-
-
-def take_rate_slot(task: Runnable, args: tuple, kwargs: dict) -> bool:
-    """True when the job may run now; otherwise it is re-sent for its turn (no attempt)."""
-    request = task.request
-    slot = getattr(request, "backlot_rate_slot", None)
-    if slot is not None and slot <= time.time() + 0.05:
-        return True
-    bucket, rate = task.rate_bucket(args, kwargs)
-    if rate is None:
-        return True
-    decision = RateLimiter().acquire(bucket, rate)
-    if decision.allowed:
-        return True
-    headers = {"backlot_rate_slot": time.time() + decision.wait} if decision.reserved else {}
-    # An unreserved wait can be long ("1/h"): never park a message in Redis past the
-    # visibility timeout; it comes back, asks again and waits some more.
-    wait = min(decision.wait, backlot_settings().MAX_BROKER_COUNTDOWN)
-    due = timezone.now() + timedelta(seconds=wait)
-    retries = {"retries": request.retries or 0, "headers": headers}
-    if not resend(task, args, kwargs, due, retries, mark_published=False):
-        raise Reject("rate-limited job could not be re-sent", requeue=True)
-    events.send(events.job_rate_limited, task=task.name, job_id=request.id, wait=decision.wait)
-    logger.debug("Job %s rate-limited on %s; back in %.2fs", request.id, bucket, decision.wait)
-    return False

@@ -15,11 +15,13 @@ from typing import Any
 
 from celery import chord
 from celery.canvas import Signature
+from django.conf import settings
 
 from jobs import RetryPolicy, job
 
 from . import services
 from .exceptions import MediaPipelineError
+from .models import Rendition
 
 # Reading a header is instant; a file without a duration in its header is measured by a copy
 # pass (services.ffmpeg.MEASURE_TIMEOUT, 600 s).
@@ -46,6 +48,14 @@ def _transcode_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
 
 def _video_cancelled(args: tuple, kwargs: dict) -> None:
     services.video_cancelled(video_id=str(kwargs.get("video_id") or args[0]))
+
+
+def _uploader(args: tuple, kwargs: dict) -> Any:
+    """Concurrency key of a transcode: the user whose video it is (TRANSCODES_PER_USER)."""
+    rendition_id = int(kwargs.get("rendition_id") or args[0])
+    return (
+        Rendition.objects.filter(pk=rendition_id).values_list("video__owner_id", flat=True).first()
+    )
 
 
 def _rendition_cancelled(args: tuple, kwargs: dict) -> None:
@@ -100,6 +110,8 @@ def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Sig
     time_limit=TRANSCODE_TIME_LIMIT,
     retry=RetryPolicy(max_attempts=2, base_delay=30, max_delay=300),
     on_dead=_transcode_gave_up,
+    concurrency=settings.TRANSCODES_PER_USER,
+    concurrency_key=_uploader,
     cancel="terminate",
     on_cancelled=_rendition_cancelled,
 )

@@ -36,9 +36,9 @@ def work(self: Any, run: str, item: int) -> int:
     return item
 
 
-# On its own queue, as rate-limited work (emails, a third-party API) is laid out in production:
-# a job that reserved a slot comes back as a new message on its queue, and on a queue shared
-# with a backlog it would arrive after its slot had passed (see docs/scaling.md).
+# On its own queue, as rate-limited work (emails, a third-party API) is laid out in production.
+# Its waiting jobs park at their gate in Redis, not in the queue (jobs.concurrency), and the
+# gate publishes each with its own token (see docs/scaling.md).
 @job(name="scale.limited", bind=True, rate_limit=RATE, queue="emails")
 def limited(self: Any, run: str, item: int) -> int:
     """The same, behind the cluster-wide rate limit RATE."""

@@ -82,17 +82,12 @@ def test_rate_limit_held_across_both_hosts(scale_run: ScaleRun) -> None:
     assert rate * (1 - TOLERANCE) <= achieved_rate(starts) <= rate * (1 + TOLERANCE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known platform bug (jobs/base.py _take_rate_slot): a job that reserved a slot is "
-    "re-sent to the back of its queue; when the queue holds more than the slots that pass while "
-    "it is read through (a bulk enqueue of limited jobs), the re-sent messages arrive after their "
-    "slots and all run at once. Measured: 140-220 starts in 1 s at a 40/s limit, in the first "
-    "~6 s; on time afterwards. Remove this mark once the fix lands.",
-)
 def test_rate_limit_holds_in_every_second(scale_run: ScaleRun) -> None:
     rate = 1 / parse_rate(RATE)
     starts = [at for at, _ in scale_run.report["limited_starts"]]
 
-    # GCRA with burst 1 spaces the slots 1/rate apart: a second holds rate (+1) starts.
-    assert peak(starts, 1.0) <= rate * (1 + TOLERANCE)
+    # Jobs waiting for a token park at their gate (jobs.concurrency), which grants each its own
+    # token 1/rate apart and lets none start while the last second holds `rate` starts: the
+    # busiest second holds rate (+ timing jitter), the average stays within 5 % (issue 13).
+    assert peak(starts, 1.0) <= rate * (1 + TOLERANCE), peak(starts, 1.0)
+    assert rate * 0.95 <= achieved_rate(starts) <= rate * 1.05, achieved_rate(starts)
