@@ -46,14 +46,14 @@ class Runnable(Enqueueable, Protocol):
 
     def rate_bucket(self, args: tuple, kwargs: dict) -> tuple[str, str | None]: ...
 
+    concurrency_limit: int | Mapping[str, int] | None
+
+    def concurrency_slot(self, args: tuple, kwargs: dict) -> tuple[str, int | None]: ...
+
 
 def request_priority(task: Runnable) -> int:
     broker = (task.request.delivery_info or {}).get("priority")
     return backlot_priority(broker) if isinstance(broker, int) else task.default_priority
-
-    concurrency_limit: int | Mapping[str, int] | None
-
-    def concurrency_slot(self, args: tuple, kwargs: dict) -> tuple[str, int | None]: ...
 
 
 def request_queue(task: Runnable) -> str:
