@@ -45,6 +45,7 @@ django.setup()
 from celery import Celery  # noqa: E402 - Django first: the tasks import jobs' models
 from celery.contrib.testing.manager import Manager  # noqa: E402
 from celery.utils.nodenames import anon_nodename  # noqa: E402
+from django.db import connections  # noqa: E402
 
 from config.celery import app as project_app  # noqa: E402
 
@@ -68,6 +69,7 @@ get_active_redis_channels = celery_conftest.get_active_redis_channels
 
 NODENAME = anon_nodename()  # what Celery's in-process session worker is called
 TIMEOUT = float(os.environ.get("CELERY_COMPAT_TIMEOUT", "60"))
+TIMEOUT_MESSAGE = "from pytest-timeout"  # in its failure: "Timeout (>60.0s) from pytest-timeout."
 CONCURRENCY = int(os.environ.get("CELERY_COMPAT_CONCURRENCY", "1"))
 LOG_DIR = Path(os.environ.get("CELERY_COMPAT_LOG_DIR", ROOT / ".data" / "celery-compat"))
 
@@ -126,8 +128,10 @@ _outcomes: dict[str, dict[str, Any]] = {}
 
 def _session_worker() -> SessionWorker:
     if not _workers:
-        half = os.environ.get("CELERY_COMPAT_DECORATOR", "job")
-        _workers.append(SessionWorker(project_app, NODENAME, LOG_DIR / f"worker-{half}.log"))
+        # worker-job.log for outcomes-job.json, worker-control.log, worker-job-rerun.log...
+        outcomes = Path(os.environ.get("CELERY_COMPAT_OUTCOMES", "outcomes-run.json"))
+        name = outcomes.stem.removeprefix("outcomes-")
+        _workers.append(SessionWorker(project_app, NODENAME, LOG_DIR / f"worker-{name}.log"))
     return _workers[0]
 
 
@@ -160,6 +164,15 @@ def _message(report: pytest.TestReport) -> str:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry = _outcomes.setdefault(report.nodeid, {"outcome": "passed", "message": "", "seconds": 0})
+    if type(report).__name__ == "SubtestReport":
+        if report.failed:
+            message = _message(report)
+            entry.setdefault("subtest_message", message)
+            if TIMEOUT_MESSAGE in message:
+                # The subtest caught pytest-timeout's exception and the test goes on with no
+                # timer left: fire it again, so each remaining subtest fails at once too.
+                signal.setitimer(signal.ITIMER_REAL, 0.05)
+        return
     entry["seconds"] = round(entry["seconds"] + report.duration, 2)
     wasxfail = hasattr(report, "wasxfail")
     if report.when == "call":
@@ -171,6 +184,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             entry["outcome"] = "failed"
         if not report.passed:
             entry["message"] = _message(report)
+            if entry["message"].startswith("contains") and "subtest_message" in entry:
+                entry["message"] = f"{entry['message']}; first: {entry['subtest_message']}"
     elif report.failed:  # setup or teardown
         if entry["outcome"] in ("passed", "xpassed"):
             entry["outcome"] = "error"
@@ -178,6 +193,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif report.skipped:  # skipped in setup (skip marker, a fixture's pytest.skip)
         entry["outcome"] = "xfailed" if wasxfail else "skipped"
         entry["message"] = _message(report)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    # A fresh database connection for each test: a timeout that fires inside a query leaves
+    # the test process's connection mid-command, and every later query would fail on it.
+    for connection in connections.all(initialized_only=True):
+        try:
+            connection.close()
+        except Exception:  # Django forgets the connection either way
+            logger.debug("closing %s after %s failed", connection.alias, nodeid, exc_info=True)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
@@ -297,6 +322,7 @@ __all__ = [
     "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_collectreport",
+    "pytest_runtest_logfinish",
     "pytest_runtest_logreport",
     "pytest_sessionfinish",
 ]

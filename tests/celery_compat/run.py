@@ -21,7 +21,9 @@ python -m tests.celery_compat.run flushdb REDIS_URL
 python -m tests.celery_compat.run compare JOB.json CONTROL.json DOC.md RESULT.json
     Compare the two halves' outcomes: print both counts and every test whose outcome
     differs, write them to RESULT.json, exit 1 when a test passes in the control and
-    not under @job while DOC.md (docs/celery-compat.md) does not list it.
+    not under @job while DOC.md (docs/celery-compat.md) does not list it. With
+    --rerun RERUN.json (those tests run again under @job), one that passed then is
+    reported as flaky and does not fail the comparison.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SDIST_CACHE = ROOT / ".data" / "celery-sdist"
-# What a test may be in either half; "good" outcomes are what a passing suite gives.
-GOOD = frozenset({"passed", "xfailed"})
+# What a test may be in either half; "good" outcomes are what a passing suite gives (an
+# xpassed test is one marked xfail(strict=False) that passed).
+GOOD = frozenset({"passed", "xfailed", "xpassed"})
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "not run")
 
 CONFTEST_SHIM = '''\
@@ -164,8 +167,11 @@ def _describe(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {outcome}" for outcome, n in counts.items()) or "nothing ran"
 
 
-def compare(job_path: Path, control_path: Path, doc: Path, out: Path) -> int:
+def compare(
+    job_path: Path, control_path: Path, doc: Path, out: Path, rerun_path: Path | None = None
+) -> int:
     job, control = _load(job_path), _load(control_path)
+    rerun: dict[str, dict[str, Any]] = _load(rerun_path)["tests"] if rerun_path else {}
     job_tests: dict[str, dict[str, Any]] = job["tests"]
     control_tests: dict[str, dict[str, Any]] = control["tests"]
     missing = {"outcome": "not run", "message": "not collected in this half", "seconds": 0}
@@ -186,12 +192,17 @@ def compare(job_path: Path, control_path: Path, doc: Path, out: Path) -> int:
         if c["outcome"] in GOOD and j["outcome"] not in GOOD:
             row["known"] = test in known
             row["reason"] = known.get(test, "")
+            again = rerun.get(test)
+            # Failed under @job, then passed when run again on its own: flaky, not a difference.
+            row["flaky"] = again is not None and again["outcome"] in GOOD
+            if again is not None:
+                row["rerun"] = again["outcome"]
             regressions.append(row)
         elif j["outcome"] in GOOD and c["outcome"] not in GOOD:
             improvements.append(row)
         else:
             others.append(row)
-    unlisted = [row for row in regressions if not row["known"]]
+    unlisted = [row for row in regressions if not row["known"] and not row["flaky"]]
     regressed = {row["test"] for row in regressions}
     listed_but_fine = sorted(test for test in known if test not in regressed)
     result = {
@@ -221,7 +232,13 @@ def compare(job_path: Path, control_path: Path, doc: Path, out: Path) -> int:
         print(f"  @job refused to declare {name}: {error}")
     print(f"Pass in the control, not under @job: {len(regressions)} ({len(unlisted)} not listed)")
     for row in regressions:
-        tag = "listed" if row["known"] else "NOT LISTED"
+        tag = (
+            "listed"
+            if row["known"]
+            else "flaky: passed on a rerun"
+            if row["flaky"]
+            else "NOT LISTED"
+        )
         print(f"  [{tag}] {row['test']}: {row['job']}: {row['job_message']}")
     if improvements:
         print(f"Fail in the control, pass under @job: {len(improvements)}")
@@ -306,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("compare")
     for name in ("job", "control", "doc", "out"):
         c.add_argument(name, type=Path)
+    c.add_argument("--rerun", type=Path, help="outcomes of the unlisted tests run again under @job")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare(args.dest)
@@ -319,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "flushdb":
         flushdb(args.url)
         return 0
-    return compare(args.job, args.control, args.doc, args.out)
+    return compare(args.job, args.control, args.doc, args.out, args.rerun)
 
 
 if __name__ == "__main__":
