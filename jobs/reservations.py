@@ -57,8 +57,8 @@ HEARTBEAT = "backlot:worker:"
 # because their job was running or finished (counts; for /metrics).
 RESTORED = "backlot:metrics:reservations_restored"
 DROPPED = "backlot:metrics:reservations_dropped"
-# A full pass over OWNERS (records of workers missing from WORKERS, stale records) at most this
-# often, cluster-wide; it needs the whole hash, the regular sweep only the worker ids.
+# A pass over every record of OWNERS (forgetting those of acknowledged messages) at most this
+# often, cluster-wide; the regular sweep reads the hash only when a registered holder died.
 FULL_PASS_KEY = "backlot:reserved:full-pass"
 FULL_PASS_EVERY = 60
 # A worker whose heartbeat is this old is dead. Refreshed every HEARTBEAT_EVERY s: five missed
@@ -104,6 +104,17 @@ end
 return {moved, dropped}
 """
 _STALE, _DROP = ["", ""], ["", "drop"]
+# KEYS: unacked, OWNERS; ARGV: holder, then delivery tags: forget each record still the
+# holder's whose message is no longer unacknowledged.
+_FORGET_LUA = """
+for i = 2, #ARGV do
+    if redis.call('HGET', KEYS[2], ARGV[i]) == ARGV[1]
+        and redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
+        redis.call('HDEL', KEYS[2], ARGV[i])
+    end
+end
+return 0
+"""
 
 
 class ReservingQoS(kombu_redis.QoS):
@@ -251,8 +262,8 @@ def keep_alive() -> None:
 
 
 def restore_lost(*, settled: Callable[[list[str]], set[str]] | None = None) -> int:
-    """Give the messages of dead workers (heartbeat gone) back to the head of their queues;
-    returns how many. `settled(job_ids)` names the jobs whose message would be a duplicate
+    """Give the messages of dead holders (registered, heartbeat gone) back to the head of their
+    queues; returns how many. `settled(job_ids)` names the jobs whose message would be a duplicate
     (running: their lease brings them back; finished): those messages are dropped instead.
     Broker errors are raised (the caller logs them and sweeps again)."""
     connection: Any
@@ -270,15 +281,19 @@ def restore_lost(*, settled: Callable[[list[str]], set[str]] | None = None) -> i
         held: dict[str, list[str]] = defaultdict(list)
         for tag, worker in client.hgetall(f"{prefix}{OWNERS}").items():
             held[_text(worker)].append(_text(tag))
-        unknown = [w for w in held if w not in alive]
-        alive.update(_alive(client, prefix, unknown))
         restored = dropped = 0
-        for worker, tags in held.items():
-            if not alive[worker]:
-                moved, gone = _restore_worker(channel, client, prefix, worker, tags, settled)
-                restored, dropped = restored + moved, dropped + gone
-        for worker in dead - set(held):
-            client.srem(f"{prefix}{WORKERS}", worker)  # gone, and holds nothing any more
+        for worker in dead:
+            if worker not in held:
+                client.srem(f"{prefix}{WORKERS}", worker)  # gone, and holds nothing any more
+                continue
+            moved, gone = _restore_worker(channel, client, prefix, worker, held[worker], settled)
+            restored, dropped = restored + moved, dropped + gone
+        if full_pass:
+            # Records a holder outside the registry left (the registry flushed, or its first
+            # beat failed) stay: with no heartbeat to go by, its liveness is unknown.
+            for worker, tags in held.items():
+                if worker not in dead:
+                    _forget_acknowledged(channel, client, prefix, worker, tags)
         if restored or dropped:
             pipe = client.pipeline(transaction=False)
             pipe.incrby(f"{prefix}{RESTORED}", restored)
@@ -357,6 +372,20 @@ def _job_id(payload: Any) -> str | None:
     except (KeyError, TypeError):
         return None
     return job_id if isinstance(job_id, str) else None
+
+
+def _forget_acknowledged(
+    channel: Any, client: redis.Redis, prefix: str, worker: str, tags: list[str]
+) -> None:
+    """Drop the records of messages no longer in `unacked` (acknowledged through a kombu path
+    that bypasses the QoS's indices); the holder's live messages are left alone."""
+    unacked = f"{prefix}{channel.unacked_key}"
+    script = client.register_script(_FORGET_LUA)
+    for at in range(0, len(tags), RESTORE_BATCH):
+        batch = tags[at : at + RESTORE_BATCH]
+        gone = [t for t, m in zip(batch, client.hmget(unacked, batch), strict=True) if m is None]
+        if gone:
+            script(keys=[unacked, f"{prefix}{OWNERS}"], args=[worker, *gone])
 
 
 def _alive(client: redis.Redis, prefix: str, workers: list[str]) -> dict[str, bool]:
