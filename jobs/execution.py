@@ -210,6 +210,9 @@ def _succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> No
     if task.track:
         # ignore_result (the call's, else the task's): the row keeps no return value (Celery).
         kept = None if getattr(task.request, "backlot_discard_result", False) else result
+        backend = getattr(task, "backend", None)
+        if backend is not None:  # as Celery stores it: a returned AsyncResult as its id tuple
+            kept = backend.prepare_value(kept)
         written = ledger.succeed(
             job_id=_job_id(task),
             attempt=attempt,

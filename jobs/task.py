@@ -9,6 +9,7 @@ enqueue options go through ``using()``: ``email_send.using(priority=9, owner=use
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -243,6 +244,7 @@ class PlatformTask(Task[P, R]):
                 max_retries,
                 **options,
             )
+        args, kwargs = self._retry_arguments(args, kwargs)
         retries = (request.retries or 0) + 1
         limit = self._retry_limit() if max_retries is None else max_retries
         if retries > limit:
@@ -275,6 +277,44 @@ class PlatformTask(Task[P, R]):
         raise RetryRequested(
             exc, retry_after=countdown, args=args, kwargs=kwargs, options=options
         ) from exc
+
+    def _retry_arguments(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """Celery's rule (celery#6494) for retry(args=...) or retry(kwargs=...) alone: the
+        call's other arguments are kept where they do not clash with the new ones."""
+        request = self.request
+        if not (
+            (args is not None and kwargs is None and request.kwargs)
+            or (kwargs is not None and args is None and request.args)
+        ):
+            return args, kwargs
+        try:
+            signature = inspect.signature(self.run)
+        except (TypeError, ValueError):
+            return args, kwargs
+        if args is not None:
+            positional = [
+                p
+                for p in signature.parameters.values()
+                if p.kind
+                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]
+            kept = dict(request.kwargs or {})
+            for parameter in positional[: len(args)]:
+                if parameter.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
+                    kept.pop(parameter.name, None)
+            return args, kept
+        try:
+            bound = signature.bind_partial(*(request.args or ()))
+        except TypeError:
+            return args, kwargs
+        kwargs = dict(kwargs or {})
+        for name in list(kwargs):
+            if (
+                name in bound.arguments
+                and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
+            ):
+                bound.arguments[name] = kwargs.pop(name)
+        return bound.args, {**bound.kwargs, **kwargs}
 
     def _retry_limit(self) -> int:
         """How many retries self.retry() may ask for: the task's declared max_retries (Celery's

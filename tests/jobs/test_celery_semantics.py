@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from celery import states
-from celery.exceptions import MaxRetriesExceededError, Reject, TaskRevokedError
-from celery.result import AsyncResult
+from celery import chain, chord, group, states
+from celery.exceptions import ChordError, MaxRetriesExceededError, Reject, TaskRevokedError
+from celery.result import AsyncResult, GroupResult
 from django.utils import timezone
 
 from jobs.broker import broker_priority
@@ -93,6 +93,17 @@ def test_retry_keeps_priority_and_headers_and_takes_new_args_and_options(worker)
     assert seen["queue"] == "emails"  # self.retry(queue="emails")
     job = Job.objects.get(id=result.id)
     assert job.args == [2] and job.priority == 7
+
+
+def test_retry_with_new_args_keeps_the_kwargs_they_do_not_replace(worker):
+    # Celery's rule (celery#6494), both ways
+    kwargs_first = ct.retry_with_args_after_kwargs.apply_async(
+        kwargs={"foo": 1, "bar": 2, "label": "kept"}
+    )
+    args_first = ct.retry_with_kwargs_after_args.apply_async(args=(1, 2))
+
+    assert kwargs_first.get(timeout=TIMEOUT) == {"foo": 2, "bar": 3, "label": "kept", "retries": 1}
+    assert args_first.get(timeout=TIMEOUT) == {"foo": 2, "bar": 2, "retries": 1}
 
 
 def test_retry_at_eta(worker):
@@ -185,3 +196,101 @@ def test_ignore_result_stores_and_returns_nothing(worker):
     assert AsyncResult(result.id).result is None
     kept = ct.add.apply_async((1, 2))
     assert kept.get(timeout=TIMEOUT) == 3
+
+
+# --- d. parent_id / root_id, GroupResult --------------------------------------------------------
+def test_a_chain_reports_root_and_parent_ids(worker):
+    result = chain(ct.ids.si(i) for i in range(5))()
+
+    node, root = result, result
+    while root.parent:
+        root = root.parent
+    value = 4
+    while node:
+        root_id, parent_id, i = node.get(timeout=TIMEOUT)
+        assert i == value and root_id == root.id
+        if node.parent:
+            assert parent_id == node.parent.id
+        node, value = node.parent, value - 1
+    assert value == -1  # five links walked back to the root
+
+
+def test_a_group_after_a_chain_reports_root_and_parent_ids(worker):
+    result = (ct.ids.si(1) | ct.ids.si(2) | group(ct.ids.si(i) for i in range(2, 8)))()
+
+    expected_root, expected_parent = result.parent.parent.id, result.parent.id
+    values = result.get(timeout=TIMEOUT)
+    assert [tuple(v) for v in values] == [(expected_root, expected_parent, i) for i in range(2, 8)]
+
+
+def test_a_chain_result_returned_by_a_job_is_serialized(worker):
+    result = ct.build_chain_inside_task.delay().get(timeout=TIMEOUT)
+
+    assert len(result) == 2 and isinstance(result[0][1], list)
+
+
+def test_group_result_save_and_restore(worker):
+    sent = group(ct.add.s(i, i) for i in range(4)).apply_async()
+    sent.save()
+
+    restored = GroupResult.restore(sent.id)
+    assert restored is not None and [r.id for r in restored.results] == [r.id for r in sent.results]
+    assert restored.get(timeout=TIMEOUT) == [0, 2, 4, 6]
+    restored.delete()
+    assert GroupResult.restore(sent.id) is None
+
+
+# --- e. link / link_error ---------------------------------------------------------------------
+def test_failure_read_without_propagating_is_the_exception_as_raised(worker):
+    result = ct.fail.apply_async(("test",), link_error=ct.return_exception.s())
+
+    assert result.get(timeout=TIMEOUT, propagate=False) == ct.ExpectedException(
+        "Task expected to fail", "test"
+    )
+
+
+def test_a_new_style_errback_receives_the_request_and_the_real_exception(worker):
+    result = ct.fail.apply_async(("x", 1), link_error=ct.errback_new_style.s())
+
+    with pytest.raises(ct.ExpectedException):
+        result.get(timeout=TIMEOUT)
+    seen = wait_until(lambda: ct.echoed(result.id), what="the errback")
+    assert seen == ["ExpectedException('Task expected to fail', 'x', 1)"]
+
+
+def test_an_old_style_errback_that_retries_runs_to_its_end(worker):
+    errback = ct.retry_once.s()
+    result = ct.fail.apply_async(("y",), link_error=errback)
+
+    assert result.get(timeout=TIMEOUT, propagate=False) == ct.ExpectedException(
+        "Task expected to fail", "y"
+    )
+    # the errback got the failed job's id, retried once, then succeeded: its ledger row says so
+    ran = wait_until(
+        lambda: Job.objects.filter(
+            task_name=ct.retry_once.name, args=[result.id], state=JobState.SUCCEEDED
+        ).first(),
+        timeout=TIMEOUT,
+        what="the errback's retry",
+    )
+    assert ran.attempts == 2 and ran.result == 1
+
+
+def test_a_link_gets_the_return_value(worker, unique):
+    ct.add.apply_async((1, 2), link=ct.redis_echo.s(unique))
+
+    assert wait_until(lambda: ct.echoed(unique), what="the callback") == ["3"]
+
+
+def test_the_errback_of_a_chord_in_a_chain_runs_when_a_member_fails(worker, unique):
+    body = chord([ct.identity.si(42), ct.fail.si()], ct.identity.s())
+    body.link_error(ct.redis_echo.si("errback ran", unique))
+
+    result = (ct.identity.si(1) | body).apply_async()
+
+    # get() raises the member's exception, or (once the callback was failed first, as the
+    # database result backend does) the ChordError naming it, with its arguments
+    with pytest.raises((ct.ExpectedException, ChordError)) as raised:
+        result.get(timeout=TIMEOUT)
+    assert "Task expected to fail" in repr(raised.value)
+    assert wait_until(lambda: ct.echoed(unique), what="the chord's errback") == ["errback ran"]

@@ -142,3 +142,33 @@ def identity(x: Any) -> Any:
 @job(name="compat.tsum")
 def tsum(nums: list[int]) -> int:
     return sum(nums)
+
+
+@job(name="compat.redis_echo")
+def redis_echo(message: Any, key: str) -> None:
+    """Append `message` to the test list `key` (a callback or an immutable errback)."""
+    echo(key, message)
+
+
+@job(name="compat.retry_once", bind=True, max_retries=1)
+def retry_once(self: Any, *args: Any, countdown: float | None = 0.1) -> int:
+    """An errback that retries once: returns the number of retries."""
+    if self.request.retries:
+        return int(self.request.retries)
+    raise self.retry(countdown=countdown)
+
+
+@job(name="compat.retry_with_args_after_kwargs", bind=True, max_retries=1)
+def retry_with_args_after_kwargs(
+    self: Any, foo: int, bar: int, label: str | None = None
+) -> dict[str, Any]:
+    if not self.request.retries:
+        raise self.retry(args=(foo + 1, bar + 1), countdown=0)
+    return {"foo": foo, "bar": bar, "label": label, "retries": self.request.retries}
+
+
+@job(name="compat.retry_with_kwargs_after_args", bind=True, max_retries=1)
+def retry_with_kwargs_after_args(self: Any, foo: int, bar: int) -> dict[str, Any]:
+    if not self.request.retries:
+        raise self.retry(kwargs={"foo": foo + 1}, countdown=0)
+    return {"foo": foo, "bar": bar, "retries": self.request.retries}
