@@ -82,7 +82,8 @@ def worker_env(django_db_setup: Any, django_db_blocker: Any, smtp_server: Any) -
     if db["ENGINE"] != "django.db.backends.postgresql":
         raise pytest.UsageError(
             "Worker tests need PostgreSQL shared with worker processes: run them via `make test`, "
-            "which starts PostgreSQL and sets DATABASE_URL."
+            "which starts PostgreSQL and sets DATABASE_URL (tests/sqlite runs real workers on a "
+            "SQLite file of its own, whatever DATABASE_URL says)."
         )
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     return {

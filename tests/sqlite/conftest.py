@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -207,8 +208,11 @@ def sqlite_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteSite
         workers = [SQLiteWorker(f"sqlite{n}", env, control) for n in range(WORKERS)]
         yield SQLiteSite(path, driver, broker, env, control)
     finally:
-        for worker in workers:
-            worker.stop()
+        stopping = [threading.Thread(target=worker.stop) for worker in workers]
+        for thread in stopping:  # side by side: each stop waits for its worker's shutdown
+            thread.start()
+        for thread in stopping:
+            thread.join()
         if driver is not None:
             driver.stop()
         broker.stop()
