@@ -11,7 +11,10 @@ members are accepted, with the batch's counters, or none. Each member's finish m
 counters in its own transaction (jobs.ledger.batch), so they cannot drift, and the finish
 that ends the last member writes the callback's job in that transaction too, under an id
 derived from the batch: exactly once across redelivered finishes, dead workers and relays.
-A callback is called with the batch id first, then the signature's own arguments.
+A callback is called with the batch id first, then the signature's own arguments; its job
+belongs to the batch's owner and is a child of the job that opened the batch, if any. The
+same signature given as on_complete and on_success runs once when both are due together (a
+batch whose members all succeeded), and again only on a later success.
 
 - on_complete: every member ended (succeeded, dead or cancelled) and every child batch
   completed.
@@ -90,7 +93,9 @@ def _callback(kind: str, signature: Any) -> dict[str, Any] | None:
         max_bytes=backlot_settings().MAX_PAYLOAD_BYTES,
     )
     priority = options.get("priority")
+    running = context.running_job()
     return {
+        "parent": running.job_id if running else None,
         "task": name,
         "args": args,
         "kwargs": kwargs,

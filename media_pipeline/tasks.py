@@ -1,7 +1,8 @@
 """Jobs of media_pipeline: probe an upload, transcode its formats in parallel, settle the video.
 
-video_process_job ──> chord( rendition_transcode_job x formats ) ──> video_finish_job
-                                         └─ a format gave up ──> video_finish_job (errback)
+video_process_job ──> batch( rendition_transcode_job x formats ) ──> video_finish_job
+                            on_complete (ready, or failed naming the failed formats, or cancelled)
+                            and on_success (a replayed format that now succeeds: ready)
 
 Thin: each unpacks ids and calls media_pipeline.services (which never import this); each
 keeps the Celery name it was registered under. Cancelling the processing job cancels the
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import chord
-from celery.canvas import Signature
 from django.conf import settings
+from django.db import transaction
 
+import jobs
 from jobs import RetryPolicy, job
 
 from . import services
@@ -76,26 +77,26 @@ def video_process_job(self: Any, video_id: str) -> dict[str, Any]:
     self.progress(0, 2, "reading the source")
     video = services.video_probe(video_id=video_id)
     self.progress(1, 2, "starting the transcodes")
-    plan = services.video_transcode_plan(video_id=video_id)
-    if plan:
-        # Sent after the plan's commit, not inside its transaction: inside one, the platform
-        # defers each member's publish to on_commit but keeps the producer the group lent
-        # it, back in the pool by then (AttributeError at commit, jobs/base.py apply_async).
-        # video_transcode_plan recovers a crash between the commit and this send.
-        transcode_chord(video_id, plan).apply_async()
+    with transaction.atomic():  # the plan and its batch of transcodes commit together
+        plan = services.video_transcode_plan(video_id=video_id)
+        if plan:
+            transcode_batch(video_id, plan)
     self.progress(2, 2, f"transcoding {len(plan)} format(s)" if plan else "already started")
     return {"video_id": video_id, "duration": video.duration, "started": [p.format for p in plan]}
 
 
-def transcode_chord(video_id: str, plan: list[services.PlannedRendition]) -> Signature:
-    """One transcode per format in parallel; video_finish_job settles the video after the last.
-
-    The result backend fires the callback once every format has finished; when any gave up
-    the callback is replaced by its errback, the same settling job, which names the failed
-    formats from the renditions' rows.
-    """
-    header = [rendition_transcode_job.si(p.rendition_id).set(task_id=p.job_id) for p in plan]
-    return chord(header, video_finish_job.si(video_id)).on_error(video_finish_job.si(video_id))
+def transcode_batch(video_id: str, plan: list[services.PlannedRendition]) -> jobs.Batch:
+    """One transcode per format in parallel, as a batch (jobs.batches): video_finish_job
+    settles the video once every format has ended (on_complete: ready, or failed naming the
+    failed formats), and again if a failed format's replay later makes every one succeed
+    (on_success). Sent inside the plan's transaction: all of it commits, or none."""
+    settle = video_finish_job.s(video_id)
+    with jobs.batch(
+        description=f"renditions of video {video_id}", on_complete=settle, on_success=settle
+    ) as batch:
+        for p in plan:
+            rendition_transcode_job.apply_async((p.rendition_id,), task_id=p.job_id)
+    return batch
 
 
 # cancel="terminate": a cancel kills the pool process and, with it, ffmpeg (the worker kills the
@@ -122,8 +123,9 @@ def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
         on_progress=lambda percent: self.progress(percent, 100, "encoding"),
     )
     self.progress(100, 100, f"{rendition.format} written")
-    if not self.request.chord:
-        # Run on its own (a dead letter replayed): no chord callback will settle the video.
+    if not self.request.chord and jobs.current_batch() is None:
+        # Run on its own (not one of a video's batch, nor of a chord sent before batches): no
+        # callback will settle the video.
         services.video_finish(video_id=str(rendition.video_id))
     return {"format": rendition.format, "size_bytes": rendition.size_bytes}
 
@@ -134,6 +136,8 @@ def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
     time_limit=120,
     on_cancelled=_video_cancelled,
 )
-def video_finish_job(video_id: str) -> str:
-    """Mark the video ready, or failed naming the failed formats; returns its status."""
-    return services.video_finish(video_id=video_id).status
+def video_finish_job(first: str, video_id: str | None = None) -> str:
+    """Mark the video ready, or failed naming the failed formats; returns its status. Called
+    as a batch callback (batch id, video id), or with the video id alone (a chord's callback
+    sent before the renditions moved onto batches)."""
+    return services.video_finish(video_id=video_id or first).status

@@ -260,7 +260,8 @@ def _settle(row: _Row, now: datetime, *, died: str | None = None) -> None:
             cb = _fire(row.id, "on_complete", now)
             announced.append((events.batch_completed, {**counters, "callback_job_id": cb}))
         if succeeded:
-            cb = _fire(row.id, "on_success", now)
+            # the same callback as on_complete, due at the same moment, runs once (its job)
+            cb = _fire(row.id, "on_success", now, unless_same_as="on_complete" if completed else "")
             announced.append((events.batch_succeeded, {**counters, "callback_job_id": cb}))
         if row.parent_id is not None and (completed or succeeded):
             deltas = {"children_pending": -1 if completed else 0}
@@ -278,13 +279,17 @@ def _settle(row: _Row, now: datetime, *, died: str | None = None) -> None:
         transaction.on_commit(send)
 
 
-def _fire(batch_id: uuid.UUID, kind: str, now: datetime) -> str | None:
+def _fire(batch_id: uuid.UUID, kind: str, now: datetime, unless_same_as: str = "") -> str | None:
     """Insert the job of the batch's `kind` callback (once: its id is derived from both);
-    returns its id, or None when the batch has no such callback."""
+    returns its id, or None when the batch has no such callback. With `unless_same_as`, a
+    callback equal to that kind's (fired in the same transaction) is that kind's job."""
     batch = Batch.objects.only("callbacks", "owner_id").get(id=batch_id)
-    spec = (batch.callbacks or {}).get(kind)
+    callbacks = batch.callbacks or {}
+    spec = callbacks.get(kind)
     if not spec:
         return None
+    if unless_same_as and callbacks.get(unless_same_as) == spec:
+        return str(callback_job_id(batch_id, unless_same_as))
     job = Job(
         id=callback_job_id(batch_id, kind),
         task_name=spec["task"],
@@ -294,6 +299,8 @@ def _fire(batch_id: uuid.UUID, kind: str, now: datetime) -> str | None:
         priority=spec["priority"],
         max_attempts=spec["max_attempts"],
         owner_id=batch.owner_id,
+        # the job that opened the batch: a cancel of it reaches the callback (jobs.cancel)
+        parent_id=spec.get("parent"),
         state=JobState.QUEUED,
         enqueued_at=now,
     )

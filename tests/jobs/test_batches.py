@@ -561,3 +561,34 @@ def test_bulk_replay_from_the_admin_is_followed_by_its_batch(worker, admin_clien
     assert Job.objects.filter(replay_of__job_id=dead_member.id, batch=other).count() == 1
     page = admin_client.get(f"/jobs/{job_id}/").content.decode()
     assert 'id="batch"' in page and "21 of 21 ended" in page
+
+
+@pytest.mark.django_db
+def test_one_signature_as_on_complete_and_on_success_runs_once_when_both_are_due(unique):
+    settle = tasks.batch_callback.s(unique, "settle")
+
+    # all succeed: both are due at once, one job
+    with jobs.batch(on_complete=settle, on_success=settle) as clean:
+        member = tasks.batch_member.enqueue(unique, 1)
+    run_job(member)
+    settled = Job.objects.filter(task_name="tests.batch_callback", args__0=str(clean.id))
+    assert [j.id for j in settled] == [callback_job_id(clean.id, "on_complete")]
+
+    # one dead, replayed later and succeeding: on_complete first, on_success after
+    with jobs.batch(on_complete=settle, on_success=settle) as later:
+        failing = tasks.batch_member.enqueue(unique, 2, fails=True)
+    run_job(failing)
+    redis_client().set(f"test:flag:fixed:{unique}", 1, ex=60)
+    replay = jobs.dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=failing.id))
+    run_job(replay)
+    settled = Job.objects.filter(task_name="tests.batch_callback", args__0=str(later.id))
+    assert sorted(j.id for j in settled) == sorted(
+        [callback_job_id(later.id, "on_complete"), callback_job_id(later.id, "on_success")]
+    )
+    later.refresh_from_db()
+    assert (later.state, later.total, later.succeeded, later.dead) == (
+        BatchState.SUCCEEDED,
+        1,
+        1,
+        0,
+    )
