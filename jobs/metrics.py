@@ -9,7 +9,7 @@ from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import telemetry
+from . import reservations, telemetry
 from .beat import LAST_TICK_KEY
 from .conf import backlot_settings
 from .execution import DELIVERIES
@@ -128,6 +128,17 @@ def _processes() -> Iterator[Any]:
         "backlot_lease_lapses",
         "Running jobs re-queued because their worker stopped renewing the lease.",
         value=int(client.get(LEASE_LAPSES) or 0),
+    )
+    restored, dropped = client.mget(reservations.RESTORED, reservations.DROPPED)
+    yield CounterMetricFamily(
+        "backlot_reservations_restored",
+        "Messages a dead worker had taken (prefetched) given back to their queue by the relay.",
+        value=int(restored or 0),
+    )
+    yield CounterMetricFamily(
+        "backlot_reservations_dropped",
+        "Messages a dead worker had taken whose job was running or finished, dropped instead.",
+        value=int(dropped or 0),
     )
     unknown = GaugeMetricFamily(
         "backlot_jobs_unknown_task",

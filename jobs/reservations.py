@@ -46,6 +46,8 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps, loads
 
+from .redis import redis_client
+
 logger = logging.getLogger(__name__)
 
 # delivery tag → the holder of the message (while it is in `unacked`): a worker's channel.
@@ -294,10 +296,10 @@ def restore_lost(*, settled: Callable[[list[str]], set[str]] | None = None) -> i
             for worker, tags in held.items():
                 if worker not in dead:
                     _forget_acknowledged(channel, client, prefix, worker, tags)
-        if restored or dropped:
-            pipe = client.pipeline(transaction=False)
-            pipe.incrby(f"{prefix}{RESTORED}", restored)
-            pipe.incrby(f"{prefix}{DROPPED}", dropped)
+        if restored or dropped:  # counted where /metrics reads the platform's counters
+            pipe = redis_client().pipeline(transaction=False)
+            pipe.incrby(RESTORED, restored)
+            pipe.incrby(DROPPED, dropped)
             pipe.execute()
         return restored
 

@@ -167,3 +167,18 @@ def test_a_heartbeat_covers_every_open_channel_of_the_worker(broker: Any) -> Non
 
     assert 0 < broker.ttl(f"{HEARTBEAT}{first.owner}") <= reservations.HEARTBEAT_TTL
     assert not broker.exists(f"{HEARTBEAT}{second.owner}")
+
+
+def test_metrics_count_what_the_sweep_gave_back_and_dropped(broker: Any) -> None:
+    from jobs.metrics import _processes
+
+    hold("dead:2:b/1", "waiting-job")
+    hold("dead:2:b/1", "running-job")
+    restore_lost(settled=lambda ids: {"running-job"})
+
+    values = {
+        family.name: family.samples[0].value
+        for family in _processes()
+        if family.name.startswith("backlot_reservations")
+    }
+    assert values == {"backlot_reservations_restored": 1, "backlot_reservations_dropped": 1}
