@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from celery import chain, chord, group, states
@@ -200,7 +200,8 @@ def test_ignore_result_stores_and_returns_nothing(worker):
 
 # --- d. parent_id / root_id, GroupResult --------------------------------------------------------
 def test_a_chain_reports_root_and_parent_ids(worker):
-    result = chain(ct.ids.si(i) for i in range(5))()
+    # celery-types types chain() as taking one signature; it takes an iterable of them
+    result = chain(ct.ids.si(i) for i in range(5))()  # type: ignore[arg-type]
 
     node, root = result, result
     while root.parent:
@@ -216,7 +217,9 @@ def test_a_chain_reports_root_and_parent_ids(worker):
 
 
 def test_a_group_after_a_chain_reports_root_and_parent_ids(worker):
-    result = (ct.ids.si(1) | ct.ids.si(2) | group(ct.ids.si(i) for i in range(2, 8)))()
+    # celery-types types `signature | group` as a dict; it is a chain
+    canvas: Any = ct.ids.si(1) | ct.ids.si(2) | group(ct.ids.si(i) for i in range(2, 8))
+    result = canvas()
 
     expected_root, expected_parent = result.parent.parent.id, result.parent.id
     values = result.get(timeout=TIMEOUT)
@@ -230,11 +233,14 @@ def test_a_chain_result_returned_by_a_job_is_serialized(worker):
 
 
 def test_group_result_save_and_restore(worker):
-    sent = group(ct.add.s(i, i) for i in range(4)).apply_async()
+    # celery-types types a group's apply_async as returning an AsyncResult
+    sent = cast(GroupResult, group(ct.add.s(i, i) for i in range(4)).apply_async())
     sent.save()
 
+    assert sent.id is not None
     restored = GroupResult.restore(sent.id)
-    assert restored is not None and [r.id for r in restored.results] == [r.id for r in sent.results]
+    assert restored is not None and restored.results and sent.results
+    assert [r.id for r in restored.results] == [r.id for r in sent.results]
     assert restored.get(timeout=TIMEOUT) == [0, 2, 4, 6]
     restored.delete()
     assert GroupResult.restore(sent.id) is None
@@ -286,7 +292,8 @@ def test_the_errback_of_a_chord_in_a_chain_runs_when_a_member_fails(worker, uniq
     body = chord([ct.identity.si(42), ct.fail.si()], ct.identity.s())
     body.link_error(ct.redis_echo.si("errback ran", unique))
 
-    result = (ct.identity.si(1) | body).apply_async()
+    canvas: Any = ct.identity.si(1) | body  # a chain (celery-types: a dict)
+    result = canvas.apply_async()
 
     # get() raises the member's exception, or (once the callback was failed first, as the
     # database result backend does) the ChordError naming it, with its arguments
