@@ -198,13 +198,21 @@ if SENTRY_DSN:
     )
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Redis Sentinel (docs/scaling.md): REDIS_SENTINELS="s1:26379,s2:26379,s3:26379" and the name
+# of the master they watch; REDIS_URL then gives only the primary's password and database.
+# The broker, the locks, leases, rate limits and counters all follow the primary they name.
+REDIS_SENTINELS = tuple(env_list("REDIS_SENTINELS"))
+REDIS_SENTINEL_MASTER = os.environ.get("REDIS_SENTINEL_MASTER", "")
+REDIS_SENTINEL_PASSWORD = os.environ.get("REDIS_SENTINEL_PASSWORD", "")
 
 # --- Celery -------------------------------------------------------------------------------
 # jobs.celery.configure(app) (config/celery.py) gives the app Backlot's Celery settings: JSON
 # only, acks_late, the ledger's result backend, the beat leader, the platform's periodic tasks.
 # Set here is only what this project chooses itself, from the environment.
 # https://docs.celeryq.dev/en/stable/userguide/configuration.html
-CELERY_BROKER_URL = REDIS_URL
+if not REDIS_SENTINELS:
+    # With Sentinels, jobs.celery gives the broker kombu's sentinel:// URL and master_name.
+    CELERY_BROKER_URL = REDIS_URL
 # Merged key by key into Backlot's transport options (jobs.celery.PRIORITY_TRANSPORT_OPTIONS:
 # priority lists, bounded socket timeouts).
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
@@ -276,6 +284,9 @@ BACKLOT: dict[str, Any] = {
     # A schedule's fire time missed while no beat ran: "run_once" (fired once when beat is
     # back) or "skip".
     "SCHEDULE_CATCH_UP": os.environ.get("BACKLOT_SCHEDULE_CATCH_UP", "run_once"),
+    "REDIS_SENTINELS": REDIS_SENTINELS,
+    "REDIS_SENTINEL_MASTER": REDIS_SENTINEL_MASTER,
+    "REDIS_SENTINEL_PASSWORD": REDIS_SENTINEL_PASSWORD,
 }
 # Alert emails go to ADMINS="Ops <ops@example.com>, oncall@example.com" (a bare address is
 # its own name).

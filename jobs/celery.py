@@ -31,6 +31,7 @@ from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
 from .conf import backlot_settings
+from .redis import broker_transport_options, broker_url
 
 # Redis transport: a queue is ten lists, one per priority step, consumed highest first.
 # https://docs.celeryq.dev/en/stable/userguide/routing.html#redis-message-priorities
@@ -72,7 +73,8 @@ def platform_settings() -> dict[str, Any]:
     conf = backlot_settings()
     default_queue = "default" if "default" in conf.QUEUES else conf.QUEUES[0]
     return {
-        "broker_url": conf.REDIS_URL,
+        # REDIS_URL, or kombu's sentinel:// list of BACKLOT['REDIS_SENTINELS'] (jobs.redis).
+        "broker_url": broker_url(),
         "broker_connection_retry_on_startup": True,
         # Connecting to a frozen Redis gives up after this many seconds (Celery's default is 4):
         # the enqueue falls back to the ledger instead of holding the request.
@@ -127,9 +129,11 @@ def platform_settings() -> dict[str, Any]:
 
 
 def platform_transport_options() -> dict[str, Any]:
-    """Broker transport options Backlot needs; the visibility timeout from jobs.conf."""
+    """Broker transport options Backlot needs; the visibility timeout from jobs.conf, and with
+    Redis Sentinel the master's name (kombu's Sentinel transport follows it across a failover)."""
     return {
         **PRIORITY_TRANSPORT_OPTIONS,
+        **broker_transport_options(),
         # An unacknowledged message is redelivered after this many seconds; it must outlast
         # the longest countdown Redis may hold (system check jobs.E002).
         "visibility_timeout": backlot_settings().VISIBILITY_TIMEOUT,

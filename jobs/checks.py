@@ -16,6 +16,7 @@ from django.utils import timezone
 from .conf import backlot_settings
 from .models import Job
 from .ratelimit import parse_rate
+from .redis import connect as redis_connect
 from .registry import platform_tasks
 
 
@@ -80,9 +81,7 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 def check_redis_durability(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """Redis must keep what it holds: persistence on, and no eviction of queued messages."""
     try:
-        client = redis.Redis.from_url(
-            backlot_settings().REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
-        )
+        client = redis_connect(timeout=0.5)  # REDIS_URL, or the Sentinels' primary
         info = client.info("memory") | client.info("persistence")
     except redis.RedisError as exc:
         return [
@@ -150,9 +149,7 @@ def _worker_hosts() -> set[str]:
     """The hosts of the workers that answer a ping (half a second; none when Redis is away:
     a broadcast to an unreachable broker would wait for its connection retries first)."""
     try:
-        redis.Redis.from_url(
-            backlot_settings().REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5
-        ).ping()
+        redis_connect(timeout=0.5).ping()
         replies = current_app.control.ping(timeout=0.5) or []
     except Exception:  # noqa: BLE001 - a check never fails on an unreachable broker
         return set()

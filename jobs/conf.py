@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -26,6 +27,8 @@ from django.core.signals import setting_changed
 # CELERY_BROKER_TRANSPORT_OPTIONS says otherwise: it must outlast the longest countdown Redis
 # holds (MAX_BROKER_COUNTDOWN + RATE_LIMIT_MAX_RESERVE; system check jobs.E002).
 DEFAULT_VISIBILITY_TIMEOUT = 7200
+# A Sentinel's port where a sentinel:// URL names none (Redis' and kombu's default).
+SENTINEL_PORT = 26379
 # What beat does with a fire time missed while no beat ran (BACKLOT['SCHEDULE_CATCH_UP']).
 SCHEDULE_CATCH_UP_POLICIES = ("run_once", "skip")
 
@@ -39,6 +42,16 @@ class BacklotSettings:
     # Redis used for rate limits, beat's leader lock, counters and queue depths; defaults to
     # the project's REDIS_URL, else its CELERY_BROKER_URL.
     REDIS_URL: str = "redis://127.0.0.1:6379/0"
+    # Redis Sentinel (jobs.redis): the Sentinels ("host:port") and the name of the master they
+    # watch (`sentinel monitor <name> ...`). When set, the broker and every platform use of Redis
+    # ask them where the primary is, and follow it across a failover; REDIS_URL then gives only
+    # the primary's password, user and database (its host is not used). A REDIS_URL written
+    # the way Celery takes it, "sentinel://s1:26379;sentinel://s2:26379/0", fills in the
+    # Sentinels; the master name may also come from CELERY_BROKER_TRANSPORT_OPTIONS' master_name.
+    REDIS_SENTINELS: tuple[str, ...] = ()
+    REDIS_SENTINEL_MASTER: str = ""
+    # The Sentinels' own password (their `requirepass`), when they have one.
+    REDIS_SENTINEL_PASSWORD: str = ""
     # Serialized args + kwargs above this many bytes are refused at enqueue.
     MAX_PAYLOAD_BYTES: int = 64 * 1024
     # A succeeded job keeps its idempotency key this long: a repeat enqueue is a no-op.
@@ -135,6 +148,7 @@ def _resolve() -> BacklotSettings:
     values["VISIBILITY_TIMEOUT"] = int(
         options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
     )
+    _resolve_sentinels(values, options)
     resolved = BacklotSettings(**values)
     if not resolved.QUEUES:
         raise ImproperlyConfigured("BACKLOT['QUEUES'] names no queue")
@@ -144,6 +158,39 @@ def _resolve() -> BacklotSettings:
             f"got {resolved.SCHEDULE_CATCH_UP!r}"
         )
     return resolved
+
+
+def _resolve_sentinels(values: dict[str, Any], options: dict[str, Any]) -> None:
+    """REDIS_SENTINELS from a sentinel:// REDIS_URL, the master name from the broker's
+    transport options; each Sentinel checked as host:port, and none without a master name."""
+    url = values.get("REDIS_URL", "")
+    if url.startswith("sentinel://") and not values.get("REDIS_SENTINELS"):
+        hosts = [urlsplit(part.strip()).netloc.rpartition("@")[2] for part in url.split(";")]
+        values["REDIS_SENTINELS"] = tuple(
+            host if ":" in host else f"{host}:{SENTINEL_PORT}" for host in hosts if host
+        )
+    if not values.get("REDIS_SENTINEL_MASTER") and options.get("master_name"):
+        values["REDIS_SENTINEL_MASTER"] = str(options["master_name"])
+    sentinels = values.get("REDIS_SENTINELS", ())
+    for address in sentinels:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ImproperlyConfigured(
+                f"BACKLOT['REDIS_SENTINELS']: {address!r} is not host:port "
+                "(e.g. 'sentinel1.example.com:26379')"
+            )
+    if sentinels and not values.get("REDIS_SENTINEL_MASTER"):
+        raise ImproperlyConfigured(
+            "Redis Sentinels are set but no master name: set BACKLOT['REDIS_SENTINEL_MASTER'] "
+            "(the reference project reads REDIS_SENTINEL_MASTER) to the name in sentinel.conf's "
+            "`sentinel monitor <name> ...`"
+        )
+    if values.get("REDIS_SENTINEL_MASTER") and not sentinels:
+        raise ImproperlyConfigured(
+            "BACKLOT['REDIS_SENTINEL_MASTER'] is set but no Sentinel: set "
+            "BACKLOT['REDIS_SENTINELS'] (host:port of each; the reference project reads "
+            "REDIS_SENTINELS, comma-separated)"
+        )
 
 
 def backlot_settings() -> BacklotSettings:

@@ -31,7 +31,10 @@ SERVICES_ADDRESS = f"{SUBNET}.1"
 REDIS_PORT = 6379
 POSTGRES_PORT = 5432
 HOST_ADDRESSES = {"h1": f"{SUBNET}.11", "h2": f"{SUBNET}.12"}
-NAME_RE = re.compile(r"^bl-(svc|h1|h2)-(\d+)$")
+# The failover test's Redis hosts (tests/scale/test_failover.py): the primary and its replica.
+REDIS_HOST_ADDRESSES = {"pri": f"{SUBNET}.2", "rep": f"{SUBNET}.3"}
+SENTINEL_PORTS = (26379, 26380, 26381)
+NAME_RE = re.compile(r"^bl-(svc|h1|h2|pri|rep)-(\d+)$")
 
 
 class ClusterError(AssertionError):
@@ -111,13 +114,21 @@ def remove_stale_namespaces() -> list[str]:
 class Network:
     """The three namespaces and their links; delete() is safe to call at any point."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, extra: dict[str, str] | None = None) -> None:
         self.services = f"bl-svc-{tag}"
         self.hosts = {host: f"bl-{host}-{tag}" for host in HOST_ADDRESSES}
+        # More hosts on the bridge (name -> address), e.g. REDIS_HOST_ADDRESSES.
+        self.extra = {host: f"bl-{host}-{tag}" for host in extra or {}}
+        self.addresses = {**HOST_ADDRESSES, **(extra or {})}
         self.created: list[str] = []
 
     def namespaces(self) -> list[str]:
-        return [self.services, *self.hosts.values()]
+        return [self.services, *self.hosts.values(), *self.extra.values()]
+
+    def set_link(self, host: str, up: bool) -> None:
+        """Connect or cut `host` (its bridge port in the services namespace): while cut, its
+        packets go nowhere and nothing reaches it; the processes in it notice nothing."""
+        run(["ip", "-n", self.services, "link", "set", f"v{host}", "up" if up else "down"])
 
     def create(self) -> None:
         for name in self.namespaces():
@@ -128,7 +139,7 @@ class Network:
         run(["ip", "-n", svc, "link", "add", "br0", "type", "bridge"])
         run(["ip", "-n", svc, "addr", "add", f"{SERVICES_ADDRESS}/24", "dev", "br0"])
         run(["ip", "-n", svc, "link", "set", "br0", "up"])
-        for host, name in self.hosts.items():
+        for host, name in {**self.hosts, **self.extra}.items():
             # eth0 in the host's namespace; its peer is created directly in the services one
             peer = f"v{host}"
             run(
@@ -150,7 +161,7 @@ class Network:
             )
             run(["ip", "-n", svc, "link", "set", peer, "master", "br0"])
             run(["ip", "-n", svc, "link", "set", peer, "up"])
-            run(["ip", "-n", name, "addr", "add", f"{HOST_ADDRESSES[host]}/24", "dev", "eth0"])
+            run(["ip", "-n", name, "addr", "add", f"{self.addresses[host]}/24", "dev", "eth0"])
             run(["ip", "-n", name, "link", "set", "eth0", "up"])
 
     def delete(self) -> list[str]:
@@ -237,13 +248,25 @@ class Service:
 
 
 class Redis(Service):
-    """redis-server in the services namespace, bound to its bridge address only."""
+    """redis-server in the services namespace, bound to its bridge address only (or in another
+    namespace at `address`, a replica of `replicaof` when given)."""
 
-    def __init__(self, namespace: str, directory: Path, tag: str) -> None:
-        super().__init__("redis-server", LOG_DIR / f"scale-redis-{tag}.log")
+    def __init__(
+        self,
+        namespace: str,
+        directory: Path,
+        tag: str,
+        *,
+        address: str = SERVICES_ADDRESS,
+        replicaof: str | None = None,
+        role: str = "redis",
+    ) -> None:
+        super().__init__(f"redis-server ({role})", LOG_DIR / f"scale-{role}-{tag}.log")
         self.namespace = namespace
         self.dir = directory
-        self.url = f"redis://{SERVICES_ADDRESS}:{REDIS_PORT}/0"
+        self.address = address
+        self.replicaof = replicaof
+        self.url = f"redis://{address}:{REDIS_PORT}/0"
 
     def start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -254,7 +277,7 @@ class Redis(Service):
             netns(
                 self.namespace,
                 "redis-server",
-                "--bind", SERVICES_ADDRESS,
+                "--bind", self.address,
                 "--port", str(REDIS_PORT),
                 "--protected-mode", "no",
                 "--appendonly", "yes",
@@ -263,22 +286,110 @@ class Redis(Service):
                 "--save", "",
                 "--maxmemory-policy", "noeviction",
                 "--daemonize", "no",
+                *(["--replicaof", *self.replicaof.split(":")] if self.replicaof else []),
             )
         )  # fmt: skip
-        wait_until(self.answers, timeout=30, interval=0.1, what="redis-server to answer")
+        wait_until(self.answers, timeout=30, interval=0.1, what=f"{self.name} to answer")
 
     def answers(self) -> bool:
         self.alive()
-        done = subprocess.run(
-            netns(
-                self.namespace, "redis-cli", "-h", SERVICES_ADDRESS, "-p", str(REDIS_PORT), "ping"
-            ),
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
+        return self.cli("ping") == "PONG"
+
+    def cli(self, *command: str) -> str:
+        """One redis-cli command against this server, from inside its namespace."""
+        return redis_cli(self.namespace, self.address, REDIS_PORT, *command)
+
+    def kill(self) -> None:
+        """kill -9, and wait until the process is gone (its sockets closed)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+
+def redis_cli(namespace: str, host: str, port: int, *command: str) -> str:
+    done = subprocess.run(
+        netns(namespace, "redis-cli", "-h", host, "-p", str(port), *command),
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return done.stdout.strip()
+
+
+class Sentinel(Service):
+    """`redis-server sentinel.conf --sentinel` (Redis' own Sentinel mode: the redis-sentinel
+    package is only a link to it) in the services namespace, watching `master` as MASTER_NAME.
+
+    A failover starts once `quorum` Sentinels have found the master unreachable for
+    `down_after` ms; the config file is the Sentinel's own (it rewrites it)."""
+
+    MASTER_NAME = "backlot"
+
+    def __init__(
+        self,
+        namespace: str,
+        directory: Path,
+        tag: str,
+        port: int,
+        master: str,
+        *,
+        quorum: int = 2,
+        down_after: int = 3000,
+    ) -> None:
+        super().__init__(f"sentinel :{port}", LOG_DIR / f"scale-sentinel-{port}-{tag}.log")
+        self.namespace = namespace
+        self.dir = directory
+        self.port = port
+        self.master = master
+        self.quorum = quorum
+        self.down_after = down_after
+        self.address = f"{SERVICES_ADDRESS}:{port}"
+
+    def start(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        host, port = self.master.split(":")
+        config = self.dir / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind {SERVICES_ADDRESS}\nprotected-mode no\ndir {self.dir}\n"
+            f"sentinel monitor {self.MASTER_NAME} {host} {port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {self.MASTER_NAME} {self.down_after}\n"
+            f"sentinel failover-timeout {self.MASTER_NAME} 20000\n"
+            f"sentinel parallel-syncs {self.MASTER_NAME} 1\n"
         )
-        return done.stdout.strip() == "PONG"
+        self.spawn(netns(self.namespace, "redis-server", str(config), "--sentinel"))
+        wait_until(self.answers, timeout=30, interval=0.1, what=f"{self.name} to answer")
+
+    def answers(self) -> bool:
+        self.alive()
+        return self.cli("ping") == "PONG"
+
+    def cli(self, *command: str) -> str:
+        return redis_cli(self.namespace, SERVICES_ADDRESS, self.port, *command)
+
+    def master_address(self) -> str:
+        """host:port of the master this Sentinel names now."""
+        reply = self.cli("sentinel", "get-master-addr-by-name", self.MASTER_NAME).split()
+        return ":".join(reply)
+
+    def known(self) -> tuple[int, int]:
+        """(replicas, other Sentinels) this Sentinel knows of the master."""
+        fields = self.cli("sentinel", "master", self.MASTER_NAME).splitlines()
+        info = dict(zip(fields[::2], fields[1::2], strict=False))
+        return int(info.get("num-slaves", 0)), int(info.get("num-other-sentinels", 0))
+
+
+class Process(Service):
+    """Any command of the project (e.g. `manage.py jobs relay`) in a namespace."""
+
+    def __init__(self, namespace: str, name: str, env: dict[str, str], *args: str) -> None:
+        super().__init__(f"{name} on {namespace}", LOG_DIR / f"scale-{name}-{namespace}.log")
+        self.namespace = namespace
+        self.env = env
+        self.args = args
+
+    def start(self) -> None:
+        self.spawn(netns(self.namespace, *self.args), env=self.env)
 
 
 class Postgres(Service):
@@ -364,11 +475,21 @@ class CeleryWorker(Service):
 
     stop_timeout = 40.0
 
-    def __init__(self, namespace: str, env: dict[str, str], concurrency: int) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        env: dict[str, str],
+        concurrency: int,
+        *,
+        imports: str = "tests.scale.jobs",
+        queues: str = "emails,default",
+    ) -> None:
         super().__init__(f"worker on {namespace}", LOG_DIR / f"scale-worker-{namespace}.log")
         self.namespace = namespace
         self.env = env
         self.concurrency = concurrency
+        self.imports = imports
+        self.queues = queues
         self.nodename = f"scale@{namespace}"
 
     def start(self) -> None:
@@ -380,10 +501,10 @@ class CeleryWorker(Service):
                 sys.executable, "-m", "celery", "-A", "config", "worker",
                 # The kombu Redis transport reads its queues in this order (the platform's
                 # queue_order_strategy is "priority"): the rate-limited queue first.
-                "-Q", "emails,default",
+                "-Q", self.queues,
                 "-c", str(self.concurrency),
                 "-n", "scale@%h",
-                "-I", "tests.scale.jobs",
+                "-I", self.imports,
                 "-l", "INFO",
             ),
             env=self.env,

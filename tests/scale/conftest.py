@@ -88,11 +88,14 @@ class ScaleRun:
 
 
 class Driver:
-    """tests/scale/driver.py commands, run inside the services namespace."""
+    """tests/scale/driver.py commands (or another module's), run inside the services namespace."""
 
-    def __init__(self, namespace: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, namespace: str, env: dict[str, str], module: str = "tests.scale.driver"
+    ) -> None:
         self.namespace = namespace
         self.env = env
+        self.module = module
 
     def __call__(self, command: str, timeout: float = 120, **spec: Any) -> dict[str, Any]:
         done = subprocess.run(
@@ -100,7 +103,7 @@ class Driver:
                 self.namespace,
                 sys.executable,
                 "-m",
-                "tests.scale.driver",
+                self.module,
                 command,
                 json.dumps(spec),
             ),
