@@ -16,8 +16,11 @@ from jobs import reservations
 from jobs.redis import redis_client
 from jobs.reservations import DROPPED, HEARTBEAT, OWNERS, RESTORED, WORKERS, restore_lost
 
+# No worker consumes it: a session worker of the suite would take the restored messages.
+QUEUE = "test-reservations"
 
-def message(job_id: str, queue: str = "emails", priority: int = 0) -> dict[str, Any]:
+
+def message(job_id: str, queue: str = QUEUE, priority: int = 0) -> dict[str, Any]:
     """A Celery message as kombu keeps it in `unacked` (the parts the sweep reads)."""
     return {
         "body": "W1tdLCB7fSwge31d",
@@ -30,7 +33,7 @@ def message(job_id: str, queue: str = "emails", priority: int = 0) -> dict[str, 
     }
 
 
-def hold(holder: str, job_id: str, queue: str = "emails", priority: int = 0) -> str:
+def hold(holder: str, job_id: str, queue: str = QUEUE, priority: int = 0) -> str:
     """What ReservingQoS.append writes for a message `holder` took."""
     tag = f"tag-{job_id}"
     client = redis_client()
@@ -58,7 +61,7 @@ def broker(clean_redis: None) -> Any:
 
 def test_a_dead_holders_messages_go_back_to_the_head_of_their_queue(broker: Any) -> None:
     # given: a live and a dead holder, each with two messages, and a message already waiting
-    broker.lpush("emails", json.dumps(message("waiting")))
+    broker.lpush(QUEUE, json.dumps(message("waiting")))
     beat("live:1:a/1")
     mine = [hold("live:1:a/1", "live-1"), hold("live:1:a/1", "live-2")]
     theirs = [hold("dead:2:b/1", "dead-1"), hold("dead:2:b/1", "dead-2", priority=9)]
@@ -69,9 +72,9 @@ def test_a_dead_holders_messages_go_back_to_the_head_of_their_queue(broker: Any)
     # then: the dead holder's are back (kombu pops from the right: they come next), marked
     # redelivered, in the list of their priority; the live holder's stay where they were
     assert restored == 2
-    assert [m["headers"]["id"] for m in queued("emails")] == ["waiting", "dead-1"]
-    assert [m["headers"]["id"] for m in queued("emails:9")] == ["dead-2"]
-    assert queued("emails")[-1]["headers"]["redelivered"] is True
+    assert [m["headers"]["id"] for m in queued(QUEUE)] == ["waiting", "dead-1"]
+    assert [m["headers"]["id"] for m in queued(f"{QUEUE}:9")] == ["dead-2"]
+    assert queued(QUEUE)[-1]["headers"]["redelivered"] is True
     for tag in mine:
         assert broker.hexists("unacked", tag) and broker.zscore("unacked_index", tag)
         assert broker.hget(OWNERS, tag) == b"live:1:a/1"
@@ -91,7 +94,7 @@ def test_running_or_finished_jobs_messages_are_dropped_not_restored(broker: Any)
     restored = restore_lost(settled=lambda ids: {i for i in ids if i.startswith("running")})
 
     assert restored == 1
-    assert [m["headers"]["id"] for m in queued("emails")] == ["waiting-job"]
+    assert [m["headers"]["id"] for m in queued(QUEUE)] == ["waiting-job"]
     assert not any(broker.hexists("unacked", t) or broker.hexists(OWNERS, t) for t in tags)
     assert int(broker.get(DROPPED)) == 1
 
@@ -103,7 +106,7 @@ def test_a_message_another_holder_took_since_is_not_touched(broker: Any) -> None
     broker.hset(OWNERS, tag, "live:1:a/1")
 
     assert restore_lost() == 0
-    assert broker.hexists("unacked", tag) and not broker.llen("emails")
+    assert broker.hexists("unacked", tag) and not broker.llen(QUEUE)
 
 
 def test_a_holder_whose_heartbeat_comes_back_keeps_its_messages(
@@ -119,7 +122,7 @@ def test_a_holder_whose_heartbeat_comes_back_keeps_its_messages(
 
     monkeypatch.setattr(reservations, "_alive", alive_then_back)
     assert restore_lost() == 0
-    assert broker.hexists("unacked", tag) and not broker.llen("emails")
+    assert broker.hexists("unacked", tag) and not broker.llen(QUEUE)
 
 
 def test_a_record_whose_message_was_acknowledged_is_cleaned_up(broker: Any) -> None:
@@ -130,7 +133,7 @@ def test_a_record_whose_message_was_acknowledged_is_cleaned_up(broker: Any) -> N
     broker.hdel("unacked", tag, live)  # acked by a path that left the records
 
     assert restore_lost() == 0  # the first sweep of a minute reads every record
-    assert not broker.hexists(OWNERS, tag) and not broker.llen("emails")
+    assert not broker.hexists(OWNERS, tag) and not broker.llen(QUEUE)
     assert not broker.hexists(OWNERS, live)
     assert broker.hget(OWNERS, kept) == b"live:1:a/1" and broker.hexists("unacked", kept)
 
