@@ -18,6 +18,7 @@ def pair(key: str, tenant: str, seconds: float) -> None:
     """At most 2 per tenant at once, cluster-wide; runs `seconds`."""
     mark(key, tenant)
     time.sleep(seconds)
+    mark(f"{key}:end", tenant)
 
 
 @job(name="tests.limited.five", concurrency={"vip": 1, "*": 5}, concurrency_key="tenant")
