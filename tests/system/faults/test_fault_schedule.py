@@ -1,0 +1,441 @@
+"""The randomized fault schedule (issue 17, item 7): a mixed load through the real API while
+faults drawn at random hit the platform; then everything is healed, the platform settles, and
+the checker (tests/system/faults/schedule.py) judges what the ledger and the effects say.
+
+The platform: a private PostgreSQL cluster (the ledger, the effects) and a private Redis (the
+broker), both restarted by the faults; a web process (runserver, bearer-token auth) taking the
+load; two workers (-c 2, prefetch 4) on the default queue; the relay; beat. A process that dies
+is started again by the test, as a supervisor would (the same node name, after a second).
+Run counters sit in a third Redis of their own that no fault touches.
+
+`FAULTS_SEED` replays a run: the same faults at the same offsets, the same API calls;
+`FAULTS_SCHEDULE_SECONDS` sets the schedule's length (default 100 s; the whole test then takes
+about 3-4 minutes on 2 loaded cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+
+from jobs.relay import MISSING_RESENT
+from jobs.reservations import DROPPED, RESTORED
+from tests.conftest import ROOT, wait_until
+from tests.system.faults.conftest import PrivatePostgres, PrivateRedis, figures, free_port
+from tests.system.faults.lost import Process, procfile_command
+from tests.system.faults.schedule import ENDED, WAITING, Call, Fault, History, Plan, check, plan
+
+SCHEDULE_SECONDS = float(os.environ.get("FAULTS_SCHEDULE_SECONDS") or 100)
+SETTLE_SECONDS = 90.0  # the bound on the settle; measured settles are reported
+RESTART_AFTER = 1.0  # seconds a dead process stays down before the supervisor starts it again
+WORKERS = 2
+MODULES = "tests.support.tasks,tests.system.faults.jobs,tests.system.faults.schedule_app"
+LEASE_SECONDS = 15  # a third of the shipped 30 s: the lapses of killed workers, not their length
+COUNTERS = (MISSING_RESENT, RESTORED, DROPPED)
+BATCH_COLUMNS = ("total", "pending", "succeeded", "dead", "cancelled", "state")
+
+
+class Supervised:
+    """A platform process the test keeps running: started again after it dies."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        self.name, self.argv, self.env = name, argv, env
+        self.restarts = 0
+        self.down_since: float | None = None
+        self.proc = Process(name, argv, env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.process.pid
+
+    def alive(self) -> bool:
+        return self.proc.process.poll() is None
+
+    def supervise(self, now: float) -> None:
+        if self.alive():
+            return
+        if self.down_since is None:
+            self.down_since = now
+        elif now - self.down_since >= RESTART_AFTER:
+            self.proc.process.wait()
+            self.proc = Process(self.name, self.argv, self.env)
+            self.restarts += 1
+            self.down_since = None
+
+    def pool(self) -> list[int]:
+        """The pids of the worker's pool processes (the main process's children)."""
+        try:
+            raw = Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text()
+        except OSError:
+            return []
+        return sorted(int(pid) for pid in raw.split())
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+class Platform:
+    """The processes and servers of one run, and the faults that hit them."""
+
+    def __init__(self, env: dict[str, str], redis_server: PrivateRedis, pg: PrivatePostgres):
+        self.env, self.redis, self.pg = env, redis_server, pg
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.processes: list[Supervised] = []
+        self.workers: list[Supervised] = []
+        self.thaw_at: float | None = None
+        self.counted: Counter = Counter()  # platform counters read before a flush wiped them
+        self.applied: list[tuple[float, str]] = []
+
+    def start(self) -> None:
+        web_env = {**self.env, "DJANGO_SETTINGS_MODULE": "tests.system.faults.schedule_settings"}
+        web = [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{self.port}"]
+        self.processes.append(Supervised("sched-web", web, web_env))
+        relay_argv = [sys.executable, "-m", "tests.system.faults.schedule_app", "relay", "{}"]
+        self.processes.append(Supervised("sched-relay", relay_argv, self.env))
+        beat = procfile_command("beat", self.env)
+        self.processes.append(Supervised("sched-beat", beat, self.env))
+        tag = uuid.uuid4().hex[:6]
+        for n in range(WORKERS):
+            argv = [
+                sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "default",
+                "-c", "2", "--prefetch-multiplier", "4", "-n", f"sched{n}-{tag}@localhost",
+                "-I", MODULES, "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-l", "INFO",
+            ]  # fmt: skip
+            self.workers.append(Supervised(f"sched-worker{n}", argv, self.env))
+        self.processes += self.workers
+
+        def web_up() -> bool:
+            assert self.processes[0].alive(), self.processes[0].proc.log_path.read_text()[-3000:]
+            try:
+                return requests.get(f"{self.base}/api/openapi.json", timeout=2).ok
+            except requests.RequestException:
+                return False
+
+        wait_until(web_up, timeout=90, interval=0.25, what="the web process")
+
+    def supervise(self) -> None:
+        now = time.monotonic()
+        if self.thaw_at is not None and now >= self.thaw_at:
+            self.redis.thaw()
+            self.thaw_at = None
+        for process in self.processes:
+            process.supervise(now)
+
+    def read_counters(self) -> Counter:
+        try:
+            values = self.redis.client.mget(COUNTERS)
+        except redis.RedisError:
+            return Counter()
+        return Counter({k: int(v or 0) for k, v in zip(COUNTERS, values, strict=True)})
+
+    def apply(self, fault: Fault) -> str:
+        """Inflict one fault; returns what was done (a kill of nothing is said so)."""
+        kind, worker = fault.kind, self.workers[fault.target]
+        if kind == "kill_worker":
+            worker.proc.kill()
+        elif kind == "kill_pool":
+            pool = worker.pool()
+            if not pool:
+                return "no pool process (the worker is starting)"
+            os.kill(pool[0], signal.SIGKILL)
+        elif kind == "term_worker":
+            if not worker.alive():
+                return "worker already down"
+            os.kill(worker.pid, signal.SIGTERM)
+        elif kind == "kill_relay":
+            self.processes[1].proc.kill()
+        elif kind == "kill_beat":
+            self.processes[2].proc.kill()
+        elif kind == "redis_restart":
+            self.redis.restart()  # SIGTERM: the AOF keeps what Redis held
+        elif kind == "redis_freeze":
+            self.redis.freeze()
+            self.thaw_at = time.monotonic() + fault.seconds
+        elif kind == "redis_flush":
+            self.counted += self.read_counters()
+            self.redis.client.flushall()
+        elif kind == "redis_drop":
+            killed = self.redis.client.client_kill_filter(_type="normal", skipme=True)
+            return f"{killed} connections dropped"
+        elif kind == "pg_restart":
+            return f"down {self.pg.restart():.1f} s"
+        elif kind == "pg_drop":
+            [(killed,)] = self.pg.query(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return f"{killed} sessions terminated"
+        else:
+            raise ValueError(kind)
+        return "done"
+
+    def heal(self) -> None:
+        """Thaw Redis, start whatever is down, and wait until every process runs again."""
+        if self.thaw_at is not None:
+            self.redis.thaw()
+            self.thaw_at = None
+        if self.redis.process is None or self.redis.process.poll() is not None:
+            self.redis.start()
+        wait_until(self.redis.answers, timeout=30, interval=0.2, what="Redis after the heal")
+        wait_until(lambda: bool(self.pg.query("SELECT 1")), timeout=60, what="PostgreSQL")
+
+        def all_up() -> bool:
+            self.supervise()
+            return all(process.alive() for process in self.processes)
+
+        wait_until(all_up, timeout=30, interval=0.2, what="every process running again")
+
+    def stop(self) -> None:
+        """SIGTERM to every process group at once, kill -9 of what is left after 15 s."""
+        if self.thaw_at is not None:
+            self.redis.thaw()
+        running = [p.proc.process for p in self.processes if p.alive()]
+        for process in running:
+            os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for process in running:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+class Load(threading.Thread):
+    """The plan's API calls at their offsets, one at a time, through the web process."""
+
+    def __init__(self, platform: Platform, the_plan: Plan, run: str, token: str) -> None:
+        super().__init__(name="fault-schedule-load", daemon=True)
+        self.platform, self.plan, self.run_id = platform, the_plan, run
+        self.auth = {"Authorization": f"Bearer {token}"}
+        self.accepted: dict[str, str] = {}  # job id -> kind
+        self.batches: dict[str, list[str]] = {}
+        self.callback_items: dict[str, int] = {}
+        self.refused: Counter = Counter()  # status (or exception class) -> calls
+        self.began = 0.0
+
+    def post(self, call: Call) -> None:
+        try:
+            answer = requests.post(
+                f"{self.platform.base}/faults-schedule/enqueue/",
+                json={"run": self.run_id, "seed": self.plan.seed, "call": asdict(call)},
+                headers=self.auth,
+                timeout=30,
+            )
+        except requests.RequestException as exc:
+            self.refused[type(exc).__name__] += 1  # no answer: not accepted, not checked
+            return
+        if not 200 <= answer.status_code < 300:
+            self.refused[str(answer.status_code)] += 1
+            return
+        body = answer.json()
+        for job_id in body["job_ids"]:
+            self.accepted[job_id] = call.kind
+        if "batch_id" in body:
+            self.batches[body["batch_id"]] = list(body["job_ids"])
+            self.callback_items[body["batch_id"]] = body["callback_item"]
+
+    def run(self) -> None:
+        for call in self.plan.calls:
+            wait = self.began + call.at - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # pacing of the planned load
+            self.post(call)
+
+
+def ledger_history(pg: PrivatePostgres, run: str, load: Load) -> History:
+    rows = pg.query(
+        "SELECT id::text, state, (kwargs->>'item')::int FROM jobs_job"
+        " WHERE task_name LIKE 'faults.%%'"
+    )
+    effects = Counter(
+        dict(pg.query("SELECT item, count(*) FROM faults_applied WHERE run = %s GROUP BY 1", run))
+    )
+    letters = Counter(
+        dict(pg.query("SELECT job_id_value::text, count(*) FROM jobs_deadletter GROUP BY 1"))
+    )
+    batch_rows = {
+        row[0]: dict(zip(BATCH_COLUMNS, row[1:], strict=True))
+        for row in pg.query(
+            "SELECT id::text, total, pending, succeeded, dead, cancelled, state FROM jobs_batch"
+        )
+    }
+    return History(
+        accepted=load.accepted,
+        batches=load.batches,
+        states={job_id: state for job_id, state, _ in rows},
+        items={job_id: item for job_id, _, item in rows if item is not None},
+        effects=effects,
+        batch_rows=batch_rows,
+        callbacks=Counter({b: effects[item] for b, item in load.callback_items.items()}),
+        dead_letters=letters,
+    )
+
+
+def settled(pg: PrivatePostgres, load: Load) -> bool:
+    """Every accepted job ended, every batch complete, no job of the schedule waiting."""
+    waiting = pg.query(
+        "SELECT count(*) FROM jobs_job WHERE task_name LIKE 'faults.%%' AND state = ANY(%s)",
+        list(WAITING),
+    )[0][0]
+    if waiting:
+        return False
+    ended = pg.query(
+        "SELECT count(*) FROM jobs_job WHERE id = ANY(%s::uuid[]) AND state = ANY(%s)",
+        list(load.accepted),
+        list(ENDED),
+    )[0][0]
+    open_batches = pg.query(
+        "SELECT count(*) FROM jobs_batch WHERE state = 'running' AND id = ANY(%s::uuid[])",
+        list(load.batches),
+    )[0][0]
+    return bool(ended == len(load.accepted) and not open_batches)
+
+
+@pytest.fixture
+def counter_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """Where the jobs count their runs: a Redis no fault touches."""
+    server = PrivateRedis(tmp_path / "counter-redis")
+    server.start()
+    yield server
+    server.stop(signal.SIGKILL)
+
+
+def issue_token(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.system.faults.schedule_app", "token",
+         json.dumps({"username": f"sched-{uuid.uuid4().hex[:6]}"})],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return str(json.loads(done.stdout.strip().splitlines()[-1])["token"])
+
+
+def run_schedule(
+    seed: int,
+    seconds: float,
+    fault_env: dict[str, str],
+    private_redis: PrivateRedis,
+    private_postgres: PrivatePostgres,
+    counter_redis: PrivateRedis,
+    run_id: str,
+) -> None:
+    the_plan = plan(seed, seconds, WORKERS)
+    print(
+        f"\nfault schedule: FAULTS_SEED={seed} FAULTS_SCHEDULE_SECONDS={seconds:g} "
+        f"({len(the_plan.faults)} faults, {len(the_plan.calls)} API calls)",
+        flush=True,
+    )
+    for fault in the_plan.faults:
+        print(f"  {fault}", flush=True)
+    env = {
+        **fault_env,
+        "DATABASE_URL": private_postgres.url,
+        "FAULTS_COUNTER_URL": counter_redis.url,
+        # the shipped broker timings: nothing may wait for the 2 h visibility timeout
+        "CELERY_VISIBILITY_TIMEOUT": "7200",
+        "BACKLOT_MAX_BROKER_COUNTDOWN": "900",
+        "BACKLOT_RATE_LIMIT_MAX_RESERVE": "30",
+        "BACKLOT_LEASE_SECONDS": str(LEASE_SECONDS),
+    }
+    platform = Platform(env, private_redis, private_postgres)
+    began = time.monotonic()
+    try:
+        token = issue_token(env)
+        platform.start()
+        load = Load(platform, the_plan, run_id, token)
+        load.began = time.monotonic()
+        load.start()
+        started = time.monotonic() - began
+
+        # when: the faults at their offsets; the supervisor restarts what died
+        for fault in the_plan.faults:
+            while time.monotonic() < load.began + fault.at:
+                platform.supervise()
+                time.sleep(0.1)  # the supervisor's tick
+            outcome = platform.apply(fault)
+            platform.applied.append((time.monotonic() - load.began, f"{fault.kind}: {outcome}"))
+            print(f"  {platform.applied[-1][0]:6.1f} s  {fault.kind} -> {outcome}", flush=True)
+        while load.is_alive():
+            platform.supervise()
+            load.join(timeout=0.1)
+        schedule_end = time.monotonic()
+        platform.heal()
+
+        # then: the platform settles within the bound
+        try:
+            wait_until(
+                lambda: settled(private_postgres, load),
+                timeout=SETTLE_SECONDS,
+                interval=1.0,
+                what="the platform to settle",
+            )
+            settle: float | None = time.monotonic() - schedule_end
+        except AssertionError:
+            settle = None
+        history = ledger_history(private_postgres, run_id, load)
+        verdict = check(history)
+        counters = platform.counted + platform.read_counters()
+        [(deliveries, delivered)] = private_postgres.query(
+            "SELECT coalesce(sum(deliveries), 0), count(*) FILTER (WHERE deliveries > 0)"
+            " FROM jobs_job WHERE task_name LIKE 'faults.%%'"
+        )
+        starts = sum(int(v) for v in counter_redis.client.hvals(f"faults:{run_id}:runs"))
+        restarts = {p.name: p.restarts for p in platform.processes if p.restarts}
+        settled_in = f"NOT within {SETTLE_SECONDS:g} s" if settle is None else f"{settle:.1f} s"
+        figures(
+            f"fault schedule seed {seed}, {seconds:g} s: {len(the_plan.faults)} faults "
+            f"({dict(Counter(f.kind for f in the_plan.faults))}), {len(the_plan.calls)} API calls "
+            f"({sum(load.refused.values())} refused {dict(load.refused)}), {len(load.accepted)} "
+            f"jobs accepted in {len(load.batches)} batches and alone; outcomes "
+            f"{dict(verdict.outcomes)}; settled "
+            f"{settled_in} after the schedule; {deliveries - delivered} extra deliveries, "
+            f"{starts} job bodies started, {counters[MISSING_RESENT]} lost messages re-sent by "
+            f"the relay, {counters[RESTORED]} reserved messages restored, "
+            f"{counters[DROPPED]} dropped; "
+            f"restarts {restarts}; platform up in {started:.1f} s, "
+            f"{time.monotonic() - began:.0f} s in all"
+        )
+        assert verdict.violations == [], (
+            f"FAULTS_SEED={seed} FAULTS_SCHEDULE_SECONDS={seconds:g}: "
+            + "; ".join(verdict.violations)
+            + f"; faults applied: {platform.applied}"
+        )
+        assert settle is not None, f"FAULTS_SEED={seed}: not settled within {SETTLE_SECONDS} s"
+        assert len(load.accepted) > len(the_plan.calls) // 2, "most API calls were refused"
+    finally:
+        platform.stop()
+
+
+@pytest.mark.timeout(int(SCHEDULE_SECONDS + SETTLE_SECONDS + 110))
+def test_a_random_fault_schedule_loses_nothing_and_runs_no_effect_twice(
+    transactional_db: None,
+    fault_env: dict[str, str],
+    private_redis: PrivateRedis,
+    private_postgres: PrivatePostgres,
+    counter_redis: PrivateRedis,
+    run_id: str,
+) -> None:
+    """A seed drawn at random (printed; FAULTS_SEED replays it), FAULTS_SCHEDULE_SECONDS of
+    faults and load (default 100 s), then the heal, the settle (at most 90 s) and the check."""
+    seed = int(os.environ.get("FAULTS_SEED") or random.SystemRandom().randrange(1, 10**6))
+    run_schedule(
+        seed, SCHEDULE_SECONDS, fault_env, private_redis, private_postgres, counter_redis, run_id
+    )
