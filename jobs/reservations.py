@@ -148,6 +148,13 @@ class ReservingQoS(kombu_redis.QoS):
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
         # Every ack, reject and restore of kombu's QoS goes through here (a private method
         # kombu's type stubs leave out).
+        if pipe is None and getattr(self.channel.connection, "client", None) is None:
+            # The ack of a job that finished after its channel's connection was closed (a Redis
+            # failover or restart): kombu would rebuild the pool from the closed connection and
+            # raise AttributeError, which Celery does not catch, and the worker would exit. A
+            # connection error is logged ("Couldn't ack") instead; the message stays in
+            # `unacked` until this holder's heartbeat lapses, and its copy is dropped at claim.
+            raise redis.ConnectionError("the channel's broker connection is closed")
         removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
         return removed.hdel(OWNERS, delivery_tag)
 
