@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # `make test-celery-compat`: Celery's own integration suite against Backlot (docs/celery-compat.md).
 # The sdist of the installed Celery is fetched once (pip download, cached in .data/celery-sdist),
-# its t/integration extracted into .data/celery-compat/celery-<version>/ and run twice on a real
-# `celery -A config worker` of this project: tasks declared with @job, then the control with
-# Celery's shared_task (tests/celery_compat/). Prints both counts and every test whose outcome
-# differs, writes them to .data/celery-compat/result.json, and exits 1 when a test passes in the
-# control and not under @job while docs/celery-compat.md does not list it.
+# its t/integration extracted into .data/celery-compat/celery-<version>/ and run on real
+# `celery -A config worker` processes of this project, twice: tasks declared with @job, and as
+# the control with Celery's shared_task (tests/celery_compat/). Prints both counts and every test
+# whose outcome differs, writes them to .data/celery-compat/result.json, and exits 1 when a test
+# passes in the control and not under @job while docs/celery-compat.md does not list it.
 #
 #   scripts/celery-compat.sh [--reuse-services] [--half job|control|both] [PYTEST_ARGS...]
 #
-# Services: its own Redis (:6394) and PostgreSQL (:54334) under .data/, stopped afterwards.
-# --reuse-services: the Redis and PostgreSQL that REDIS_URL and DATABASE_URL name (scripts/test.sh
-# exports them), with data of its own there: database backlot_celery_compat, Redis database 8
-# (CELERY_COMPAT_REDIS_DB); nothing is started or stopped.
+# Each half runs each of Celery's files as a shard of its own, all at once (they mostly wait on
+# results): one pytest, one worker and one Redis per shard (ports from 6394 up, under
+# .data/celery-compat/redis-*; Celery's tests use fixed Redis keys and count a worker's replies,
+# so shards cannot share one), and one PostgreSQL database for all: its own cluster (:29334,
+# .data/pg-celery-compat), or with --reuse-services the server DATABASE_URL names (scripts/test.sh
+# exports it), where it uses a database of its own, backlot_celery_compat. What it started, it
+# stops. CELERY_COMPAT_PARALLEL=0 runs the shards one after another.
 # --half job|control: run one half; the comparison then uses the other half's last outcomes in
 # .data/celery-compat/ when there are some (their time is printed), else for @job alone the
 # committed control baseline tests/celery_compat/control-<celery version>.json.
@@ -24,14 +27,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh
 
-COMPAT_REDIS_URL=redis://127.0.0.1:6394/0
-COMPAT_REDIS_DATA=.data/redis-celery-compat
+COMPAT_REDIS_PORT=6394
 COMPAT_PG_DATA=.data/pg-celery-compat
-COMPAT_PG_PORT=54334
+COMPAT_PG_PORT=29334
 COMPAT_DB=backlot_celery_compat
 OUT=.data/celery-compat
 DOC=docs/celery-compat.md
-PY=$PWD/.venv/bin/python
+ROOT=$PWD
+PY=$ROOT/.venv/bin/python
 [[ -x $PY ]] || die "no .venv: run make venv first"
 
 reuse=0
@@ -53,16 +56,28 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 read -r -a files <<<"${CELERY_COMPAT_FILES:-test_tasks.py test_canvas.py test_inspect.py}"
+[[ ${#files[@]} -gt 0 ]] || die "CELERY_COMPAT_FILES names no file"
 
-started_redis=0
+redis_dirs=()   # the Redis servers we started (their data dirs), stopped on exit
 started_pg=0
 cleanup() {
-    local rc=$?
+    local rc=$? dir
     trap - EXIT INT TERM
-    if [[ $started_redis -eq 1 ]]; then bash scripts/services.sh redis-down "$COMPAT_REDIS_DATA" || true; fi
+    # Shards still running (an interrupt): end each one's pytest (the child of the shard's
+    # subshell, by its parent's PID), which stops its worker, then the subshell.
+    for pid in "${shard_pids[@]:-}"; do
+        [[ -n $pid ]] || continue
+        pkill -TERM -P "$pid" 2>/dev/null || true
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    wait 2>/dev/null || true
+    for dir in "${redis_dirs[@]:-}"; do
+        [[ -n $dir ]] && { bash scripts/services.sh redis-down "$dir" || true; }
+    done
     if [[ $started_pg -eq 1 ]]; then bash scripts/services.sh postgres-down "$COMPAT_PG_DATA" || true; fi
     exit "$rc"
 }
+shard_pids=()
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
@@ -70,22 +85,15 @@ mkdir -p "$OUT"
 begin=$SECONDS
 
 if [[ $reuse -eq 1 ]]; then
-    [[ -n ${DATABASE_URL:-} && -n ${REDIS_URL:-} ]] ||
-        die "--reuse-services needs DATABASE_URL and REDIS_URL (the services scripts/test.sh started)"
-    { read -r DATABASE_URL; read -r REDIS_URL; } < <(
-        "$PY" -m tests.celery_compat.run urls "$DATABASE_URL" "$REDIS_URL" "$COMPAT_DB" "${CELERY_COMPAT_REDIS_DB:-8}")
+    [[ -n ${DATABASE_URL:-} ]] ||
+        die "--reuse-services needs DATABASE_URL (the PostgreSQL scripts/test.sh started)"
+    DATABASE_URL=$("$PY" -m tests.celery_compat.run dburl "$DATABASE_URL" "$COMPAT_DB")
 else
-    if ! bash scripts/services.sh redis-status "$COMPAT_REDIS_DATA" >/dev/null 2>&1; then
-        started_redis=1   # set first: an interrupted start is still cleaned up
-    fi
-    bash scripts/services.sh redis-up "$COMPAT_REDIS_URL" "$COMPAT_REDIS_DATA"
-    if ! bash scripts/services.sh redis-status "$COMPAT_REDIS_DATA" >/dev/null 2>&1; then
-        started_redis=0   # an already-running Redis not started by us was used
-    fi
     if ! bash scripts/services.sh postgres-status "$COMPAT_PG_DATA" >/dev/null 2>&1; then
-        started_pg=1
+        started_pg=1   # set first: an interrupted start is still cleaned up
     fi
-    # 54334 lies in Linux's ephemeral port range (see scripts/bench.sh): a failed start is retried.
+    # 29334 lies below Linux's ephemeral port range (32768-60999), where a client connection's
+    # own port can hold a server's for a while (scripts/bench.sh); a failed start is retried.
     for attempt in 1 2 3 4; do
         if bash scripts/services.sh postgres-up "$COMPAT_PG_DATA" "$COMPAT_PG_PORT"; then break; fi
         [[ $attempt -lt 4 ]] || die "PostgreSQL did not start on port $COMPAT_PG_PORT"
@@ -93,51 +101,93 @@ else
         sleep 3
     done
     DATABASE_URL=postgres://backlot@127.0.0.1:$COMPAT_PG_PORT/$COMPAT_DB
-    REDIS_URL=$COMPAT_REDIS_URL
 fi
-read -r redis_host redis_port < <("$PY" -c \
-    'import sys; from urllib.parse import urlsplit; u = urlsplit(sys.argv[1]); print(u.hostname or "127.0.0.1", u.port or 6379)' \
-    "$REDIS_URL")
-export DATABASE_URL REDIS_URL
-# Celery's tasks and tests reach Redis themselves (t/integration/tasks.py get_redis_connection).
-export REDIS_HOST=$redis_host REDIS_PORT=$redis_port
-export DJANGO_SETTINGS_MODULE=config.settings PYTHONUNBUFFERED=1
-export PATH="$PWD/.venv/bin:$PATH"
+export DATABASE_URL DJANGO_SETTINGS_MODULE=config.settings PYTHONUNBUFFERED=1
+export PATH="$ROOT/.venv/bin:$PATH"
 
-log "database $COMPAT_DB, Redis $REDIS_URL"
+# redis_for SHARD_NUMBER: start (or reuse our own, left running) the shard's Redis; prints its URL.
+# A port that answers but is not ours is someone else's: refuse it rather than flush it.
+redis_for() {
+    local port=$((COMPAT_REDIS_PORT + $1)) dir=$OUT/redis-$1
+    if ! bash scripts/services.sh redis-status "$dir" >/dev/null 2>&1 &&
+        "$PY" -m tests.celery_compat.run ping "redis://127.0.0.1:$port/0"; then
+        die "a Redis not started by this script answers on :$port; stop it or free the port"
+    fi
+    bash scripts/services.sh redis-up "redis://127.0.0.1:$port/0" "$dir" >&2
+    echo "redis://127.0.0.1:$port/0"
+}
+
+log "database $COMPAT_DB at ${DATABASE_URL%/*}"
 "$PY" -m tests.celery_compat.run createdb "$DATABASE_URL"
 "$PY" manage.py migrate --noinput >"$OUT/migrate.log" 2>&1 || { cat "$OUT/migrate.log" >&2; die "migrate failed"; }
 tree=$("$PY" -m tests.celery_compat.run prepare "$OUT")
-log "Celery's suite in $tree: ${files[*]}"
+log "Celery's suite in $tree: ${files[*]} (per-test timeout ${CELERY_COMPAT_TIMEOUT:-60} s)"
 
-# run_half HALF OUTCOMES LOG [PYTEST_ARGS...]: one pytest run of Celery's files on a fresh worker;
-# prints pytest's exit status (1: some tests failed, a test outcome; above 1: pytest broke).
-run_half() {
-    local half=$1 outcomes=$2 logfile=$3 decorator=$1 half_rc=0
+# run_shard NAME DECORATOR REDIS_URL [PYTEST_ARGS...]: one pytest of Celery's files on a worker of
+# its own; outcomes-NAME.json, pytest-NAME.log, worker-NAME.log; pytest's exit status in NAME.rc.
+run_shard() {
+    local name=$1 decorator=$2 redis_url=$3 shard_rc=0 host port
     shift 3
-    [[ $half == control ]] && decorator=shared_task
-    "$PY" -m tests.celery_compat.run flushdb "$REDIS_URL"
-    rm -f "$outcomes"
+    read -r host port < <("$PY" -m tests.celery_compat.run hostport "$redis_url")
+    "$PY" -m tests.celery_compat.run flushdb "$redis_url"
+    rm -f "$OUT/outcomes-$name.json"
     (
         cd "$tree"
-        CELERY_COMPAT_DECORATOR=$decorator \
-            CELERY_COMPAT_OUTCOMES=$outcomes \
+        # Celery's tasks and tests reach Redis themselves (tasks.py get_redis_connection).
+        REDIS_URL=$redis_url REDIS_HOST=$host REDIS_PORT=$port \
+            CELERY_COMPAT_DECORATOR=$decorator \
+            CELERY_COMPAT_OUTCOMES=$ROOT/$OUT/outcomes-$name.json \
             CELERY_COMPAT_LOG_DIR=$ROOT/$OUT \
             PYTHONPATH="$PWD:$ROOT" \
-            "$PY" -m pytest -p no:django -p no:cacheprovider -c pytest.ini --rootdir . -q "$@"
-    ) >"$logfile" 2>&1 || half_rc=$?
-    tail -n 3 "$logfile" >&2
-    echo "$half_rc"
+            exec "$PY" -m pytest -p no:django -p no:cacheprovider -c pytest.ini --rootdir . -q "$@"
+    ) >"$OUT/pytest-$name.log" 2>&1 || shard_rc=$?
+    echo "$shard_rc" >"$OUT/$name.rc"
 }
 
-ROOT=$PWD
+# Every (half, file) is a shard; all run at once unless CELERY_COMPAT_PARALLEL=0.
+names=()
+number=0
+for half in "${halves[@]}"; do
+    decorator=$half
+    [[ $half == control ]] && decorator=shared_task
+    for file in "${files[@]}"; do
+        name=$half-${file%.py}
+        url=$(redis_for "$number")
+        redis_dirs+=("$OUT/redis-$number")
+        number=$((number + 1))
+        names+=("$name")
+        rm -f "$OUT/$name.rc"
+        log "shard $name: t/integration/$file, tasks declared with $decorator, Redis $url"
+        if [[ ${CELERY_COMPAT_PARALLEL:-1} == 0 ]]; then
+            run_shard "$name" "$decorator" "$url" "t/integration/$file" "${args[@]}"
+        else
+            run_shard "$name" "$decorator" "$url" "t/integration/$file" "${args[@]}" &
+            shard_pids+=("$!")
+        fi
+    done
+done
+for pid in "${shard_pids[@]:-}"; do
+    [[ -n $pid ]] && { wait "$pid" || true; }
+done
+shard_pids=()
+
 rc=0
 for half in "${halves[@]}"; do
-    log "the $half half; worker log: $OUT/worker-$half.log"
-    half_rc=$(run_half "$half" "$ROOT/$OUT/outcomes-$half.json" "$OUT/pytest-$half.log" \
-        "${files[@]/#/t/integration/}" "${args[@]}")
-    log "the $half half: pytest exit $half_rc (full output: $OUT/pytest-$half.log)"
-    if [[ ! $half_rc =~ ^[01]$ ]]; then rc=2; fi
+    parts=()
+    for name in "${names[@]}"; do
+        [[ $name == "$half"-* ]] || continue
+        shard_rc=$(cat "$OUT/$name.rc" 2>/dev/null || echo "?")
+        log "shard $name: pytest exit $shard_rc; $(tail -n 1 "$OUT/pytest-$name.log")"
+        if [[ ! $shard_rc =~ ^[01]$ ]]; then
+            rc=2
+            tail -n 20 "$OUT/pytest-$name.log" >&2
+        fi
+        [[ -f $OUT/outcomes-$name.json ]] && parts+=("$OUT/outcomes-$name.json")
+    done
+    rm -f "$OUT/outcomes-$half.json"
+    if [[ ${#parts[@]} -gt 0 ]]; then
+        "$PY" -m tests.celery_compat.run merge "$OUT/outcomes-$half.json" "${parts[@]}"
+    fi
 done
 
 # The control's outcomes: this run's, or an earlier run's here, or the committed baseline for
@@ -162,10 +212,11 @@ if [[ -f $OUT/outcomes-job.json && -f $control ]]; then
     # A test that passes in the control and failed under @job, not listed: run those again
     # under @job on their own (at most CELERY_COMPAT_RERUN_MAX of them, default 10), so one
     # flaky failure is told apart from a difference.
-    mapfile -t unlisted < <("$PY" -c 'import json, sys; print("\n".join(json.load(open(sys.argv[1]))["unlisted"]))' "$OUT/result.json" | sed '/^$/d')
+    mapfile -t unlisted < <("$PY" -m tests.celery_compat.run unlisted "$OUT/result.json")
     if [[ $cmp_rc -eq 1 && ${#unlisted[@]} -le ${CELERY_COMPAT_RERUN_MAX:-10} ]]; then
         log "running the ${#unlisted[@]} unlisted difference(s) again under @job"
-        run_half job "$ROOT/$OUT/outcomes-job-rerun.json" "$OUT/pytest-job-rerun.log" "${unlisted[@]}" >/dev/null
+        url=$(redis_for 0)
+        run_shard job-rerun job "$url" "${unlisted[@]}"
         cmp_rc=0
         "${compare[@]}" --rerun "$OUT/outcomes-job-rerun.json" >"$OUT/compare.log" 2>&1 || cmp_rc=$?
     fi

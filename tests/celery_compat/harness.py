@@ -144,6 +144,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.timeout(TIMEOUT), append=False)
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM (scripts/celery-compat.sh interrupted) ends the session the way Ctrl-C does, so
+    # pytest_sessionfinish still stops the worker (it runs in a session of its own).
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The worker starts before the first test, so its start-up is not in a test's timeout.
     if session.items and not session.config.option.collectonly:
@@ -322,6 +332,7 @@ __all__ = [
     "pytest_collection_finish",
     "pytest_collection_modifyitems",
     "pytest_collectreport",
+    "pytest_configure",
     "pytest_runtest_logfinish",
     "pytest_runtest_logreport",
     "pytest_sessionfinish",

@@ -8,15 +8,22 @@ python -m tests.celery_compat.run prepare DEST
     tests.celery_compat.tasks; pytest.ini carries Celery's own pytest options. Prints the
     tree's path.
 
-python -m tests.celery_compat.run urls DATABASE_URL REDIS_URL DB_NAME REDIS_DB
-    Print the two URLs with the database name and the Redis database number replaced
-    (scripts/celery-compat.sh --reuse-services: the same servers, data of its own).
+python -m tests.celery_compat.run dburl DATABASE_URL DB_NAME
+    Print the URL with its database name replaced (--reuse-services: the same server, a
+    database of its own).
 
 python -m tests.celery_compat.run createdb DATABASE_URL
     Create the URL's database (owned by its user) when it does not exist.
 
-python -m tests.celery_compat.run flushdb REDIS_URL
-    Empty that one Redis database (before each half: no message of the other left).
+python -m tests.celery_compat.run ping|flushdb|hostport REDIS_URL
+    Exit 0 when a Redis answers there; empty that one database (before each shard); print
+    its host and port.
+
+python -m tests.celery_compat.run merge OUT.json PART.json...
+    One half's outcomes from its shards' (one per file of Celery's, run at once).
+
+python -m tests.celery_compat.run unlisted RESULT.json
+    The tests that differ and are not listed, one a line (for the rerun).
 
 python -m tests.celery_compat.run compare JOB.json CONTROL.json DOC.md RESULT.json
     Compare the two halves' outcomes: print both counts and every test whose outcome
@@ -204,7 +211,8 @@ def compare(
             others.append(row)
     unlisted = [row for row in regressions if not row["known"] and not row["flaky"]]
     regressed = {row["test"] for row in regressions}
-    listed_but_fine = sorted(test for test in known if test not in regressed)
+    ran = set(job_tests) & set(control_tests)
+    listed_but_fine = sorted(test for test in known if test in ran and test not in regressed)
     result = {
         "celery": celery_version(),
         "control": {
@@ -267,18 +275,13 @@ def compare(
 # ------------------------------------------------------------------------------ services
 
 
-def urls(database_url: str, redis_url: str, db_name: str, redis_db: int) -> tuple[str, str]:
+def dburl(database_url: str, db_name: str) -> str:
     from urllib.parse import urlsplit, urlunsplit
 
-    database, redis = urlsplit(database_url), urlsplit(redis_url)
-    if database.scheme not in ("postgres", "postgresql"):
+    parts = urlsplit(database_url)
+    if parts.scheme not in ("postgres", "postgresql"):
         raise SystemExit(f"DATABASE_URL must be a postgres:// URL, got {database_url!r}")
-    if redis.scheme not in ("redis", "rediss"):
-        raise SystemExit(f"REDIS_URL must be a redis:// URL, got {redis_url!r}")
-    return (
-        urlunsplit(database._replace(path=f"/{db_name}")),
-        urlunsplit(redis._replace(path=f"/{redis_db}")),
-    )
+    return urlunsplit(parts._replace(path=f"/{db_name}"))
 
 
 def createdb(database_url: str) -> None:
@@ -302,10 +305,47 @@ def createdb(database_url: str) -> None:
             print(f"celery-compat: created database {name}", file=sys.stderr)
 
 
-def flushdb(redis_url: str) -> None:
+def _redis(redis_url: str) -> Any:
     import redis
 
-    redis.Redis.from_url(redis_url, socket_connect_timeout=5).flushdb()
+    if not redis_url.startswith(("redis://", "rediss://")):
+        raise SystemExit(f"not a redis:// URL: {redis_url!r}")
+    return redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+
+
+def ping(redis_url: str) -> bool:
+    import redis
+
+    try:
+        return bool(_redis(redis_url).ping())
+    except redis.RedisError:
+        return False
+
+
+def flushdb(redis_url: str) -> None:
+    _redis(redis_url).flushdb()
+
+
+def hostport(redis_url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(redis_url)
+    return f"{parts.hostname or '127.0.0.1'} {parts.port or 6379}"
+
+
+def merge(out: Path, parts: list[Path]) -> None:
+    """One half's outcomes from its shards': tests and refusals joined, the worst exit
+    status, the longest shard's time (they ran at once)."""
+    merged: dict[str, Any] = {"tests": {}, "refused_declarations": {}, "shards": {}}
+    for part in parts:
+        data = _load(part)
+        merged["decorator"] = data["decorator"]
+        merged["tests"].update(data["tests"])
+        merged["refused_declarations"].update(data.get("refused_declarations", {}))
+        merged["shards"][part.stem.removeprefix("outcomes-")] = data.get("seconds")
+        merged["exitstatus"] = max(merged.get("exitstatus", 0), int(data["exitstatus"]))
+    merged["seconds"] = max((s or 0 for s in merged["shards"].values()), default=0)
+    out.write_text(json.dumps(merged, indent=1, sort_keys=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -313,13 +353,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("dest", type=Path)
-    u = sub.add_parser("urls")
-    u.add_argument("database_url")
-    u.add_argument("redis_url")
-    u.add_argument("db_name")
-    u.add_argument("redis_db", type=int)
-    sub.add_parser("createdb").add_argument("url")
-    sub.add_parser("flushdb").add_argument("url")
+    d = sub.add_parser("dburl")
+    d.add_argument("url")
+    d.add_argument("db_name")
+    for name in ("createdb", "ping", "flushdb", "hostport", "unlisted"):
+        sub.add_parser(name).add_argument("url")
+    m = sub.add_parser("merge")
+    m.add_argument("out", type=Path)
+    m.add_argument("parts", type=Path, nargs="+")
     c = sub.add_parser("compare")
     for name in ("job", "control", "doc", "out"):
         c.add_argument(name, type=Path)
@@ -328,16 +369,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "prepare":
         prepare(args.dest)
         return 0
-    if args.command == "urls":
-        print("\n".join(urls(args.database_url, args.redis_url, args.db_name, args.redis_db)))
-        return 0
-    if args.command == "createdb":
+    if args.command == "dburl":
+        print(dburl(args.url, args.db_name))
+    elif args.command == "createdb":
         createdb(args.url)
-        return 0
-    if args.command == "flushdb":
+    elif args.command == "ping":
+        return 0 if ping(args.url) else 1
+    elif args.command == "flushdb":
         flushdb(args.url)
-        return 0
-    return compare(args.job, args.control, args.doc, args.out, args.rerun)
+    elif args.command == "hostport":
+        print(hostport(args.url))
+    elif args.command == "unlisted":
+        for test in _load(Path(args.url))["unlisted"]:
+            print(test)
+    elif args.command == "merge":
+        merge(args.out, args.parts)
+    else:
+        return compare(args.job, args.control, args.doc, args.out, args.rerun)
+    return 0
 
 
 if __name__ == "__main__":
