@@ -251,7 +251,9 @@ def busy_database(task: Runnable, attempt: int) -> NoReturn:
     says nothing about the job, so the attempt is not counted. The claim is freed and the
     message goes back to its queue (Reject with requeue), to run again once the lock is free."""
     job_id = _job_id(task)
-    if task.track and not ledger.busy_released(job_id=job_id, attempt=attempt):
+    if task.track and not ledger.busy_released(
+        job_id=job_id, attempt=attempt, lease_owner=_lease_owner(task)
+    ):
         raise Ignore()  # this run lost its claim meanwhile; the job's current run decides
     logger.warning("Job %s: database busy; attempt %s not counted, requeued", job_id, attempt)
     raise Reject("the database is busy (locked)", requeue=True)

@@ -76,13 +76,16 @@ def busy_retried(write: Callable[P, T]) -> Callable[P, T]:
     return retried
 
 
-def busy_released(*, job_id: str, attempt: int) -> bool:
+def busy_released(*, job_id: str, attempt: int, lease_owner: str | None = None) -> bool:
     """From running to queued, the attempt not counted: the run's own write found the database
-    busy, which says nothing about the job. Only the run holding the claim of `attempt` may do
-    it; False when it no longer does."""
+    busy, which says nothing about the job. Only the run holding the claim of `attempt` (and
+    of the claim token `lease_owner`, when given) may do it; False when it no longer does."""
 
     def release() -> int:
-        return Job.objects.filter(id=job_id, state__in=sources("release"), attempts=attempt).update(
+        rows = Job.objects.filter(id=job_id, state__in=sources("release"), attempts=attempt)
+        if lease_owner is not None:  # attempts repeat once given back: the token does not
+            rows = rows.filter(lease_owner=lease_owner)
+        return rows.update(
             state=target("release"), lease_expires_at=None, attempts=F("attempts") - 1
         )
 
