@@ -10,10 +10,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh
 
-TEST_REDIS_URL=redis://127.0.0.1:6390/0
+# BACKLOT_TEST_REDIS_PORT / BACKLOT_TEST_PG_PORT move the services (a second checkout's run
+# beside a first one's services); CI uses the defaults.
+TEST_REDIS_URL=redis://127.0.0.1:${BACKLOT_TEST_REDIS_PORT:-6390}/0
 TEST_REDIS_DATA=.data/redis-test
 TEST_PG_DATA=.data/pg
-TEST_PG_PORT=54329
+TEST_PG_PORT=${BACKLOT_TEST_PG_PORT:-54329}
 STATUS_FILE=.data/pytest.status   # read by .ci/run (make turns every failure into 2)
 
 started_redis=0
