@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+import redis
 from celery import current_app
 from kombu.exceptions import KombuError
 from kombu.utils.json import loads
@@ -230,21 +231,28 @@ def held_job_ids(queue: str) -> set[str] | None:
     A message a consumer popped and has not yet recorded in `unacked` (kombu's BRPOP and its
     unacked write are two round trips) is in neither: one read at that instant over-reports it
     missing, and its re-sent copy is dropped at claim."""
-    keys = queue_keys(queue)
+    connection: Any
     try:
-        client = redis_client()
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.llen(key)
-        pipe.hlen("unacked")
-        if sum(pipe.execute()) > MAX_SCANNED:
-            return None
-        pipe = client.pipeline(transaction=True)
-        for key in keys:
-            pipe.lrange(key, 0, -1)
-        pipe.hvals("unacked")
-        *lists, taken = pipe.execute()
-    except (RedisError, OSError):
+        # The broker's own Redis (its URL, database, key prefix, Sentinel), which need not be
+        # the platform's REDIS_URL: reading another would report every message missing.
+        with current_app.pool.acquire(block=True, timeout=5) as connection:
+            channel = connection.default_channel
+            prefix = channel.global_keyprefix or ""
+            client = redis.Redis(connection_pool=channel.client.connection_pool)
+            keys = [f"{prefix}{key}" for key in queue_keys(queue)]
+            unacked = f"{prefix}{channel.unacked_key}"
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.llen(key)
+            pipe.hlen(unacked)
+            if sum(pipe.execute()) > MAX_SCANNED:
+                return None
+            pipe = client.pipeline(transaction=True)
+            for key in keys:
+                pipe.lrange(key, 0, -1)
+            pipe.hvals(unacked)
+            *lists, taken = pipe.execute()
+    except (*BROKER_ERRORS, TimeoutError):
         return None
     ids = [_message_id(raw) for found in lists for raw in found]
     ids += [_message_id(loads(stored)[0]) for stored in taken]
