@@ -111,6 +111,12 @@ class Released:
     wait: float
 
 
+def catch_up_cap(interval: float) -> int:
+    """Most starts of a bucket in any second: its rate, and up to 10 % more less one (timing
+    jitter) so that time lost to a busy pool is caught up on; as the scripts compute it."""
+    return max(1, int(1 / interval + 1e-9), int(1.1 / interval + 1e-9) - 1)
+
+
 def horizon_for(interval: float, max_reserve: float) -> float:
     """How far ahead dispatch grants rate tokens: a second's worth (or one token of a slower
     rate), capped by RATE_LIMIT_MAX_RESERVE; rarer tokens are granted by the relay's sweep."""
@@ -125,6 +131,7 @@ class Gates:
         self._admit = self.client.register_script(gate_scripts.ADMIT)
         self._dispatch = self.client.register_script(gate_scripts.DISPATCH)
         self._forget = self.client.register_script(gate_scripts.FORGET)
+        self._pace = self.client.register_script(gate_scripts.PACE)
 
     def admit(self, gate: Gate, job_id: str, message: str, *, horizon: float) -> Admission:
         """Let a delivered job through its gate, or park it (its `message` kept for later)."""
@@ -217,6 +224,18 @@ class Gates:
                 keys=[keys[0], keys[1], keys[2], keys[4], QUEUES, OWNER], args=[job_id, gate.queue]
             )
         )
+
+    def pace(self, gate: Gate, job_id: str) -> float:
+        """0 once a rate-limited run may begin (recorded), else the seconds until it may: at
+        most `limit` runs begin in any second, and late ones catch up at twice the rate."""
+        if not gate.interval:
+            return 0.0
+        most = catch_up_cap(gate.interval)
+        wait = self._pace(
+            keys=[RATE_PREFIX + gate.bucket + ":runs"],
+            args=[job_id, most, repr(gate.interval / 2)],
+        )
+        return float(wait)
 
     def renew(self, gate: Gate, job_id: str) -> None:
         """Extend the slot of a running job by its lease (only while it still holds it)."""

@@ -137,6 +137,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
     attempt = claim.attempt if claim else (request.retries or 0) + 1
     failures = claim.failures if claim else []
     held.started = True
+    held.pace()  # a rate-limited run begins at most `limit` a second, whatever its claim took
     tracing.set_attempt(attempt)
     _event(events.job_started, task, attempt)
     hold = None

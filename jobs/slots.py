@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 # few times at most, then it is re-sent.
 SHORT_WAIT = 0.1
 SHORT_WAITS = 3
+# The longest a claimed rate-limited run waits for its turn to begin (Slots.pace): a full
+# second's window empties within 1 s.
+PACE_BOUND = 1.5
 
 # Message options a parked delivery does not keep: its id and retry count are kept apart, and
 # headers are filtered (the platform's own are written afresh per message).
@@ -99,6 +102,23 @@ class Slots:
     fresh: bool = False  # this delivery took the slot (a redelivery of a holder did not)
     started: bool = False  # the claim succeeded: the slot is this run's
     released: bool = field(default=False, repr=False)
+
+    def pace(self) -> None:
+        """Right before a rate-limited job's code runs (after its claim): wait, briefly, while
+        the last second's runs of its bucket already number `limit` (a stall that let several
+        claims finish together); bounded, then it runs anyway."""
+        if self.gate is None or not self.gate.interval:
+            return
+        gates = Gates()
+        deadline = time.monotonic() + PACE_BOUND
+        try:
+            while (wait := gates.pace(self.gate, self.job_id)) > 0:
+                if time.monotonic() + wait > deadline:
+                    logger.info("Job %s starts unpaced after %.1f s", self.job_id, PACE_BOUND)
+                    return
+                time.sleep(wait)
+        except RedisError as exc:  # the gate let it in: pacing is the finish, not the limit
+            logger.warning("Could not pace job %s: %s", self.job_id, exc)
 
     def renew(self) -> None:
         """Extend the slot with the job's lease (called by the lease renewer)."""
