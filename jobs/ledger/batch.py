@@ -17,6 +17,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
@@ -313,6 +314,23 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+# The job this process claimed last, and its batch (None: in no batch). batch_id is written
+# with the row and never changes, so the finish of that job, known to be in no batch, is its
+# one UPDATE as before: no transaction and no batch statement for the jobs of no batch (measured
+# on the loaded 2-core machine: +1.4 ms per finish, 3.3 -> 4.6 ms median, with them).
+_claimed: ContextVar[tuple[str, Any] | None] = ContextVar("backlot_claimed_batch", default=None)
+
+
+def claimed(*, job_id: Any, batch_id: Any) -> None:
+    """A claim of `job_id` read its batch (run.claim)."""
+    _claimed.set((str(job_id), batch_id))
+
+
+def _in_no_batch(job_id: Any) -> bool:
+    last = _claimed.get()
+    return last is not None and last[0] == str(job_id) and last[1] is None
+
+
 def moves_batch(outcome: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """The decorated finish write (keyword `job_id`; a truthy return when it ended the job)
     runs in one transaction with its member's batch counters (member_ended)."""
@@ -320,6 +338,8 @@ def moves_batch(outcome: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     def wrap(write: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(write)
         def finish(*args: P.args, **kwargs: P.kwargs) -> R:
+            if _in_no_batch(kwargs["job_id"]):
+                return write(*args, **kwargs)
             with transaction.atomic():
                 done = write(*args, **kwargs)
                 if done:

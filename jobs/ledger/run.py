@@ -64,7 +64,7 @@ WHERE id = %s AND (
     state = %s
     OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
     OR (state = %s AND (lease_expires_at IS NULL OR lease_expires_at < %s) AND crashes < %s))
-RETURNING attempts, max_attempts, failures, owner_id
+RETURNING attempts, max_attempts, failures, owner_id, batch_id
 """
 
 
@@ -209,7 +209,8 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
         row = cursor.fetchone()
     if row is None:
         return None
-    attempts, max_attempts, failures, owner_id = row
+    attempts, max_attempts, failures, owner_id, batch_id = row
+    batch.claimed(job_id=job_id, batch_id=batch_id)  # its finish skips a batch it is not in
     if isinstance(failures, (str, bytes)):
         failures = json.loads(failures)
     return Claim(str(job_id), attempts, max_attempts, list(failures or []), owner_id, str(token))

@@ -257,7 +257,8 @@ def test_nested_batches_and_a_member_that_adds_jobs(worker, unique):
     # then the parent counted the added members, and completed only after its child
     parent.refresh_from_db()
     child = Batch.objects.get(parent=parent)
-    child_done = marks(f"{unique}:child_complete")
+    # (the child's callback job was written with the parent's: either may run first)
+    child_done = wait_until(lambda: marks(f"{unique}:child_complete"), what="child on_complete")
     assert [v for _, v in child_done] == [str(child.id)]
     assert (parent.total, parent.succeeded, parent.state) == (3 + 4, 7, BatchState.SUCCEEDED)
     assert (child.total, child.succeeded, child.state) == (3, 3, BatchState.SUCCEEDED)
