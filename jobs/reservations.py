@@ -148,7 +148,7 @@ class ReservingQoS(kombu_redis.QoS):
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
         # Every ack, reject and restore of kombu's QoS goes through here (a private method
         # kombu's type stubs leave out).
-        if pipe is None and getattr(self.channel.connection, "client", None) is None:
+        if pipe is None and self._connection_closed():
             # The ack of a job that finished after its channel's connection was closed (a Redis
             # failover or restart): kombu would rebuild the pool from the closed connection and
             # raise AttributeError, which Celery does not catch, and the worker would exit. A
@@ -157,6 +157,25 @@ class ReservingQoS(kombu_redis.QoS):
             raise redis.ConnectionError("the channel's broker connection is closed")
         removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
         return removed.hdel(OWNERS, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """What the channel held, back to its queues when it closes; not when its connection
+        is already gone (the consumer closing it after a failover): kombu would rebuild the
+        pool out of the closed connection and the AttributeError would stop the worker. The
+        messages stay in `unacked` and go back once this holder's heartbeat lapses."""
+        if client is None and self._connection_closed():
+            logger.warning(
+                "%d message(s) this channel held stay in unacked: its broker connection is "
+                "closed; they go back to their queue once its heartbeat lapses",
+                len(self._delivered or ()),
+            )
+            return
+        super().restore_unacked(client)
+
+    def _connection_closed(self) -> bool:
+        """Whether kombu has dropped this channel's connection details (the connection was
+        closed): no Redis client can be built for it any more."""
+        return getattr(getattr(self.channel, "connection", None), "client", None) is None
 
     @property
     def open(self) -> bool:
