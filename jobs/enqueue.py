@@ -8,12 +8,13 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
@@ -153,6 +154,30 @@ def _join_batch(job: Job, task: Enqueueable) -> context.JoiningBatch | None:
     return joining
 
 
+def _insert(job: Job, *, replacing: bool) -> bool:
+    """Insert the job's row (one INSERT is atomic on its own: no BEGIN/COMMIT round trip).
+
+    A job sent with a given id may be the task that Celery's Task.replace() froze with the id
+    of the job it replaces: it takes that job's row over (jobs.ledger.replace). False when
+    that job was cancelled meanwhile: the replacement is not sent, as a cancelled job's
+    children are not."""
+    if not replacing:
+        ledger.insert(job)
+        return True
+    in_transaction = transaction.get_connection().in_atomic_block
+    try:
+        # a failed INSERT inside the caller's transaction must not break it: a savepoint then
+        with transaction.atomic() if in_transaction else nullcontext():
+            ledger.insert(job)
+        return True
+    except IntegrityError:
+        if ledger.take_over(job):
+            return True
+        if Job.objects.filter(id=job.id, state=JobState.CANCELLED, error=ledger.REPLACED).exists():
+            return False
+        raise
+
+
 def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
     if on_commit:
         transaction.on_commit(send)
@@ -240,6 +265,9 @@ def enqueue(
         _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
         return JobHandle(id=str(job.id), task_name=task.name)
     if _born_cancelled(job, now):
+        if task_id is not None and Job.objects.filter(id=job.id).exists():
+            # the task of a Task.replace(), its replaced job's row already there: nothing to send
+            return JobHandle(id=str(job.id), task_name=task.name)
         ledger.insert(job)
         if joining is not None:
             joining.born_cancelled += 1
@@ -250,8 +278,8 @@ def enqueue(
         holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
         if holder is not None:  # not a new member: the job that holds the key is another's
             return JobHandle(id=str(holder.id), task_name=task.name, created=False)
-    else:
-        ledger.insert(job)  # one INSERT is atomic on its own: no BEGIN/COMMIT round trip
+    elif not _insert(job, replacing=task_id is not None):
+        return JobHandle(id=str(job.id), task_name=task.name)  # its replaced job was cancelled
     if joining is not None:
         joining.added += 1
     publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN

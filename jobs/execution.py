@@ -169,7 +169,8 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
         stopped_on_request(task, args, kwargs, attempt, time.monotonic() - started)
         raise Ignore() from None
     except Ignore:  # the job decided it has nothing (more) to do
-        _succeeded(task, attempt, time.monotonic() - started, None)
+        if not getattr(request, "backlot_replaced", False):  # Task.replace() wrote its row
+            _succeeded(task, attempt, time.monotonic() - started, None)
         raise
     except Reject as exc:
         # celery-types omits Reject's requeue/reason, which Reject.__init__ sets.

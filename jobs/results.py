@@ -17,6 +17,8 @@ from typing import Any
 from celery import states
 from django_celery_results.backends import DatabaseBackend
 
+from .ledger import REPLACED
+
 # Job states (jobs.models.JobState values) as Celery states.
 _CELERY_STATE = {
     "queued": states.PENDING,
@@ -82,7 +84,8 @@ class LedgerResultBackend(DatabaseBackend):
             .only("state", "result", "error", "failures", "finished_at", "task_name")
             .first()
         )
-        if job is None:
+        if job is None or (job.error == REPLACED and job.state == "succeeded"):
+            # Task.replace() by an untracked task: its outcome is in Celery's store, not here
             return meta
         status = _CELERY_STATE[job.state]
         result: Any = None

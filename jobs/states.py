@@ -20,6 +20,8 @@ does not allow changes nothing. tests/jobs/test_states.py walks the table agains
     cancel           queued, scheduled, retrying            cancelled (never runs)
     request_cancel   running                                (unchanged; cancel_requested_at set)
     run_cancelled    running                                cancelled (its run stopped)
+    replace          running (this run's attempt)           scheduled, never due, until taken over
+    take_over        scheduled (a replaced row)             queued, or scheduled when delayed
 
     * once due (scheduled_for has come)   † only once its lease has lapsed
 
@@ -113,6 +115,10 @@ TRANSITIONS: dict[str, Transition] = _table(
     Transition("cancel", WAITING_STATES, JobState.CANCELLED),
     Transition("request_cancel", (JobState.RUNNING,), None),
     Transition("run_cancelled", (JobState.RUNNING,), JobState.CANCELLED),
+    # Celery's Task.replace(): the run hands its id to the signature replacing it; the row
+    # waits (scheduled, never due) until that signature's task of the same id takes it over.
+    Transition("replace", (JobState.RUNNING,), JobState.SCHEDULED),
+    Transition("take_over", (JobState.SCHEDULED,), JobState.QUEUED),
 )
 
 

@@ -18,12 +18,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from celery import Task
+from celery import Task, group
+from celery.canvas import _chain
+from celery.canvas import chord as _chord  # the class (celery-types stubs no _chord alias)
+from celery.exceptions import Ignore
 from celery.utils.serialization import raise_with_context
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.utils import timezone
 
-from . import context, execution
+from . import context, execution, ledger
 from . import enqueue as enqueuing
 from .conf import backlot_settings
 from .enqueue import JobHandle
@@ -47,6 +50,23 @@ ENQUEUE_OPTIONS = frozenset(
 CANCEL_CHECK_INTERVAL = 0.5
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
 _APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue", "owner", "idempotency_key"})
+
+
+def _signature_with_id(sig: Any, task_id: str) -> Any:
+    """The task signature in a canvas (chain, chord, group) frozen with `task_id`, or None."""
+    if isinstance(sig, _chain):
+        parts = list(sig.tasks)
+    elif isinstance(sig, _chord):
+        parts = [*sig.tasks, sig.body]
+    elif isinstance(sig, group):
+        parts = list(sig.tasks)
+    else:
+        return sig if sig.options.get("task_id") == task_id else None
+    for part in reversed(parts):
+        found = _signature_with_id(part, task_id)
+        if found is not None:
+            return found
+    return None
 
 
 def _absolute_expiry(expires: Any) -> str:
@@ -324,6 +344,29 @@ class PlatformTask(Task[P, R]):
         if isinstance(declared, int):
             return declared
         return self.policy.max_attempts - 1
+
+    def on_replace(self, sig: Any) -> Any:
+        """Celery's Task.replace(), with the ledger. Before the replacing signature is sent,
+        this job's row is handed to its task of the same id (jobs.ledger.replace; Celery
+        freezes the replacement with this id): that task's enqueue takes the row over, so the
+        caller's AsyncResult and the status API follow the replacement to its end. When that
+        task keeps no ledger row (track=False, a plain Celery task, the accumulator Celery
+        puts after a replacing group), the row is finished now and AsyncResult reads the
+        outcome from Celery's result store."""
+        request = self.request
+        # The run's claim (jobs.execution keeps it on the request): its attempt and token.
+        hold = getattr(request, "_backlot_hold", None)
+        if request.is_eager or request.called_directly or not self.track or hold is None:
+            return super().on_replace(sig)
+        final = _signature_with_id(sig, str(request.id))
+        successor = self.app.tasks.get(final.task) if final is not None else None
+        tracked = isinstance(successor, PlatformTask) and successor.track
+        write = ledger.replace if tracked else ledger.replaced_by_untracked
+        if not write(job_id=str(request.id), attempt=hold.attempt, lease_owner=hold.lease_owner):
+            logger.warning("Job %s lost its claim; its replacement is not sent", request.id)
+            raise Ignore()
+        request.backlot_replaced = True  # type: ignore[attr-defined]  # read by jobs.execution
+        return super().on_replace(sig)
 
     # --- worker's side -----------------------------------------------------------------
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:

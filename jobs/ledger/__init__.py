@@ -19,6 +19,7 @@ from .accept import (
 )
 from .busy import busy_released, database_busy, when_free
 from .cancel import cancel_discarded, cancel_waiting, request_cancel, run_cancelled
+from .replace import REPLACED, replace, replaced_by_untracked, take_over
 from .resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
 from .run import (
     EARLY_TOLERANCE,
@@ -41,6 +42,7 @@ __all__ = [
     "BULK_BATCH",
     "EARLY_TOLERANCE",
     "MAX_FAILURES_KEPT",
+    "REPLACED",
     "Claim",
     "Defaults",
     "Dropped",
@@ -65,11 +67,14 @@ __all__ = [
     "progress",
     "release",
     "renew",
+    "replace",
+    "replaced_by_untracked",
     "republish",
     "request_cancel",
     "retry_later",
     "run_cancelled",
     "succeed",
+    "take_over",
     "waiting_but_due",
     "when_free",
 ]

@@ -301,3 +301,73 @@ def test_the_errback_of_a_chord_in_a_chain_runs_when_a_member_fails(worker, uniq
         result.get(timeout=TIMEOUT)
     assert "Task expected to fail" in repr(raised.value)
     assert wait_until(lambda: ct.echoed(unique), what="the chord's errback") == ["errback ran"]
+
+
+# --- g. Task.replace() ------------------------------------------------------------------------
+def test_a_task_replaced_by_a_task_reads_the_replacement(worker):
+    result = ct.add_replaced.delay(1, 2)
+
+    assert result.get(timeout=TIMEOUT) == 3
+    assert result.status == states.SUCCESS
+    job = Job.objects.get(id=result.id)  # one row per id: the replacement took it over
+    assert (job.task_name, job.state, job.result) == (ct.add.name, JobState.SUCCEEDED, 3)
+
+
+def test_replaced_in_a_chain(worker):
+    canvas: Any = ct.add.s(4, 4) | ct.add_replaced.s(8) | ct.add.s(16)
+
+    assert canvas().get(timeout=TIMEOUT) == 32  # 4+4, then 8+8 by the replacement, then 16+16
+
+
+def test_replaced_by_a_chain(worker):
+    result = ct.add_replaced_with_chain.delay(42, 1337)
+
+    assert result.get(timeout=TIMEOUT) == 1379
+    assert Job.objects.get(id=result.id).task_name == ct.identity.name
+
+
+def test_replaced_by_a_group(worker):
+    # Celery ends a replacing group with its own celery.accumulate, which keeps no ledger row
+    result = ct.add_to_all.delay([1, 2, 3], 10)
+
+    assert result.get(timeout=TIMEOUT) == [11, 12, 13]
+    assert Job.objects.get(id=result.id).state == JobState.SUCCEEDED
+
+
+def test_replaced_in_a_group_and_in_a_chord_header(worker):
+    grouped = group(ct.add_replaced.si(1, 1), ct.add.si(2, 2), ct.add_replaced.si(3, 3))
+    chorded = chord([ct.add_replaced.si(1, 1), ct.add.si(2, 2)], ct.tsum.s())
+
+    assert grouped.apply_async().get(timeout=TIMEOUT) == [2, 4, 6]
+    assert chorded.apply_async().get(timeout=TIMEOUT) == 6
+
+
+def test_the_links_of_a_replaced_task_follow_the_replacement(worker, unique):
+    linked = ct.add_replaced.apply_async((1, 2), link=ct.redis_echo.s(unique))
+    failing = ct.fail_replaced.apply_async(("z",), link_error=ct.errback_new_style.s())
+
+    assert linked.get(timeout=TIMEOUT) == 3
+    assert wait_until(lambda: ct.echoed(unique), what="the link") == ["3"]
+    with pytest.raises(ct.ExpectedException):
+        failing.get(timeout=TIMEOUT)
+    seen = wait_until(lambda: ct.echoed(failing.id), what="the errback")
+    assert seen == ["ExpectedException('Task expected to fail', 'z')"]
+
+
+def test_cancelling_a_replaced_job_stops_its_replacement(worker):
+    from jobs import cancel
+
+    result = ct.replace_with_slow.delay(3)
+    wait_until(
+        lambda: Job.objects.filter(id=result.id, state=JobState.SCHEDULED).exists(),
+        timeout=TIMEOUT,
+        what="the job to hand itself over",
+    )
+
+    cancel(result.id)
+
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=TIMEOUT)
+    job = Job.objects.get(id=result.id)
+    assert job.state == JobState.CANCELLED and job.task_name == ct.replace_with_slow.name
+    assert not Job.objects.filter(id=result.id, task_name=ct.add.name).exists()

@@ -172,3 +172,32 @@ def retry_with_kwargs_after_args(self: Any, foo: int, bar: int) -> dict[str, Any
     if not self.request.retries:
         raise self.retry(kwargs={"foo": foo + 1}, countdown=0)
     return {"foo": foo, "bar": bar, "retries": self.request.retries}
+
+
+@job(name="compat.add_replaced", bind=True)
+def add_replaced(self: Any, x: int, y: int) -> None:
+    raise self.replace(add.s(x, y))
+
+
+@job(name="compat.add_replaced_with_chain", bind=True)
+def add_replaced_with_chain(self: Any, x: int, y: int) -> None:
+    from celery import chain
+
+    raise self.replace(chain(add.s(x, y), identity.s()))
+
+
+@job(name="compat.add_to_all", bind=True)
+def add_to_all(self: Any, nums: list[int], val: int) -> None:
+    from celery import group
+
+    raise self.replace(group(*(add.s(num, val) for num in nums)))
+
+
+@job(name="compat.fail_replaced", bind=True)
+def fail_replaced(self: Any, *args: Any) -> None:
+    raise self.replace(fail.si(*args))
+
+
+@job(name="compat.replace_with_slow", bind=True)
+def replace_with_slow(self: Any, seconds: float) -> None:
+    raise self.replace(sleeping.si(seconds) | add.si(1, 1))
