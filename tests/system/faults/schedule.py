@@ -117,6 +117,8 @@ class History:
     batch_rows: dict[str, dict[str, Any]]  # batch id -> counters and state of its row
     callbacks: Counter  # batch id -> how many times its on_complete callback applied its effect
     dead_letters: Counter  # job id -> dead letters written for it
+    progress: dict[str, tuple[int, int]] = field(default_factory=dict)  # long jobs: done, total
+    api_states: dict[str, str] = field(default_factory=dict)  # job id -> state the API shows
 
 
 @dataclass
@@ -166,6 +168,22 @@ def check(history: History) -> Verdict:
             (j, history.dead_letters[j])
             for j in found
             if history.states[j] == "dead" and history.dead_letters[j] != 1
+        ],
+    )
+    verdict.fail(
+        "succeeded long jobs whose progress is not complete (done, total)",
+        [
+            (j, p)
+            for j, p in history.progress.items()
+            if history.states.get(j) == "succeeded" and (p[0] != p[1] or not p[1])
+        ],
+    )
+    verdict.fail(
+        "jobs whose state in the API differs from the ledger (API, ledger)",
+        [
+            (j, shown, history.states.get(j))
+            for j, shown in history.api_states.items()
+            if shown != history.states.get(j)
         ],
     )
     for batch_id, members in history.batches.items():

@@ -277,7 +277,18 @@ def ledger_history(pg: PrivatePostgres, run: str, load: Load) -> History:
             "SELECT id::text, total, pending, succeeded, dead, cancelled, state FROM jobs_batch"
         )
     }
+    long_jobs = [j for j, kind in load.accepted.items() if kind == "long"]
+    progress = {
+        job_id: (done, total)
+        for job_id, done, total in pg.query(
+            "SELECT id::text, progress_done, coalesce(progress_total, 0) FROM jobs_job"
+            " WHERE id = ANY(%s::uuid[])",
+            long_jobs,
+        )
+    }
     return History(
+        progress=progress,
+        api_states=api_states(load),
         accepted=load.accepted,
         batches=load.batches,
         states={job_id: state for job_id, state, _ in rows},
@@ -287,6 +298,19 @@ def ledger_history(pg: PrivatePostgres, run: str, load: Load) -> History:
         callbacks=Counter({b: effects[item] for b, item in load.callback_items.items()}),
         dead_letters=letters,
     )
+
+
+def api_states(load: Load, sample: int = 30) -> dict[str, str]:
+    """The state a user sees (GET /api/jobs/{id}/ with the token) of a sample of the jobs."""
+    ids = sorted(load.accepted)
+    picked = random.Random(load.plan.seed).sample(ids, min(sample, len(ids)))
+    found = {}
+    for job_id in picked:
+        answer = requests.get(
+            f"{load.platform.base}/api/jobs/{job_id}/", headers=load.auth, timeout=30
+        )
+        found[job_id] = answer.json()["state"] if answer.ok else f"HTTP {answer.status_code}"
+    return found
 
 
 def settled(pg: PrivatePostgres, load: Load) -> bool:
@@ -381,8 +405,15 @@ def run_schedule(
 
         # then: the platform settles within the bound
         try:
+
+            def settling() -> bool:
+                # a worker still in its SIGTERM shutdown exits during the settle: the
+                # supervisor goes on starting what dies
+                platform.supervise()
+                return settled(private_postgres, load)
+
             wait_until(
-                lambda: settled(private_postgres, load),
+                settling,
                 timeout=SETTLE_SECONDS,
                 interval=1.0,
                 what="the platform to settle",
