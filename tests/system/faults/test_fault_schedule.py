@@ -470,3 +470,62 @@ def test_a_random_fault_schedule_loses_nothing_and_runs_no_effect_twice(
     run_schedule(
         seed, SCHEDULE_SECONDS, fault_env, private_redis, private_postgres, counter_redis, run_id
     )
+
+
+def test_a_seed_replays_the_same_plan() -> None:
+    """FAULTS_SEED replays a run: the same seed and budget give the same faults at the same
+    offsets and the same calls; another seed gives another schedule."""
+    first, again, other = plan(4242, 100), plan(4242, 100), plan(4243, 100)
+    assert first == again
+    assert first.faults != other.faults
+    assert all(6.0 <= f.at < 100 - 6.0 for f in first.faults)
+    assert {c.kind for c in first.calls} == {"effect", "flaky", "delayed", "long", "batch"}
+
+
+def test_the_checker_finds_each_violation() -> None:
+    """The checker is not a test that cannot fail: a history with one of each violation
+    (a lost job, one still waiting, an effect twice, a succeeded job without its effect, a dead
+    job without its dead letter, drifted batch counters, a callback twice, the API disagreeing)
+    yields each of them; the same history made right yields none."""
+    good = History(
+        accepted={"a": "effect", "b": "effect", "c": "flaky", "m1": "batch", "m2": "batch"},
+        batches={"B": ["m1", "m2"]},
+        states={"a": "succeeded", "b": "succeeded", "c": "dead", "m1": "succeeded",
+                "m2": "dead", "cb": "succeeded"},
+        items={"a": 1, "b": 2, "c": 3, "m1": 4, "m2": 5},
+        effects=Counter({1: 1, 2: 1, 4: 1, 6: 1}),
+        batch_rows={"B": {"total": 2, "pending": 0, "succeeded": 1, "dead": 1, "cancelled": 0,
+                          "state": "complete"}},
+        callbacks=Counter({"B": 1}),
+        dead_letters=Counter({"c": 1, "m2": 1}),
+        api_states={"a": "succeeded"},
+    )  # fmt: skip
+    verdict = check(good)
+    assert verdict.violations == []
+    assert verdict.outcomes == Counter({"succeeded": 3, "dead": 2, "batch complete": 1})
+
+    bad = History(
+        accepted={**good.accepted, "lost": "effect", "w": "delayed"},
+        batches=good.batches,
+        states={**good.states, "w": "scheduled", "b": "succeeded"},
+        items={**good.items, "w": 7},
+        effects=Counter({1: 2, 4: 1, 6: 1}),  # 1 twice, 2 (b succeeded) missing
+        batch_rows={"B": {**good.batch_rows["B"], "succeeded": 2, "state": "running"}},
+        callbacks=Counter({"B": 2}),
+        dead_letters=Counter({"m2": 1}),  # c has none
+        api_states={"a": "queued"},
+    )
+    found = "\n".join(check(bad).violations)
+    for expected in [
+        "accepted jobs missing from the ledger: 1",
+        "did not end succeeded or dead: 1",
+        "still waiting or running",
+        "effects applied more than once: 1",
+        "succeeded jobs whose effect is missing: 1",
+        "dead jobs without exactly one dead letter: 1",
+        "counters (row, ledger) disagree",
+        "batches not complete",
+        "callbacks not applied exactly once",
+        "state in the API differs",
+    ]:
+        assert expected in found, f"{expected!r} not reported:\n{found}"
