@@ -12,7 +12,7 @@ help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     make lint, then test Redis :6390 and PostgreSQL :54329 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
 	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
-	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :6394 and up and PostgreSQL :29334 (COMPAT_ARGS=...; docs/celery-compat.md)"
+	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :16390 and up and PostgreSQL :29334 (COMPAT_ARGS=...; docs/celery-compat.md)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make venv     create .venv and install the project (pip install -e '.[project,dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"

@@ -9,8 +9,9 @@
 #
 #   scripts/celery-compat.sh [--reuse-services] [--half job|control|both] [PYTEST_ARGS...]
 #
-# Each half runs each of Celery's files as a shard of its own, all at once (they mostly wait on
-# results): one pytest, one worker and one Redis per shard (ports from 6394 up, under
+# Each half runs each of Celery's files as a shard of its own (test_canvas.py as two, see
+# CELERY_COMPAT_SPLIT), all at once (they mostly wait on
+# results): one pytest, one worker and one Redis per shard (ports from 16390 up, under
 # .data/celery-compat/redis-*; Celery's tests use fixed Redis keys and count a worker's replies,
 # so shards cannot share one), and one PostgreSQL database for all: its own cluster (:29334,
 # .data/pg-celery-compat), or with --reuse-services the server DATABASE_URL names (scripts/test.sh
@@ -27,7 +28,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh
 
-COMPAT_REDIS_PORT=6394
+COMPAT_REDIS_PORT=16390
 COMPAT_PG_DATA=.data/pg-celery-compat
 COMPAT_PG_PORT=29334
 COMPAT_DB=backlot_celery_compat
@@ -144,24 +145,42 @@ run_shard() {
     echo "$shard_rc" >"$OUT/$name.rc"
 }
 
-# Every (half, file) is a shard; all run at once unless CELERY_COMPAT_PARALLEL=0.
+# The shards of a half: one per file, and a file named in CELERY_COMPAT_SPLIT (FILE::CLASS ...,
+# default test_canvas.py::test_chord, the longest class) as two: that class, and the rest.
+read -r -a splits <<<"${CELERY_COMPAT_SPLIT-test_canvas.py::test_chord}"
+shard_names=()
+shard_args=()
+for file in "${files[@]}"; do
+    rest="t/integration/$file"
+    for split in "${splits[@]}"; do
+        [[ ${split%%::*} == "$file" ]] || continue
+        shard_names+=("${file%.py}-${split#*::}")
+        shard_args+=("t/integration/$split")
+        rest+=" --deselect t/integration/$split"
+    done
+    shard_names+=("${file%.py}")
+    shard_args+=("$rest")
+done
+
+# Every (half, shard) runs at once, unless CELERY_COMPAT_PARALLEL=0.
 names=()
 number=0
 for half in "${halves[@]}"; do
     decorator=$half
     [[ $half == control ]] && decorator=shared_task
-    for file in "${files[@]}"; do
-        name=$half-${file%.py}
+    for i in "${!shard_names[@]}"; do
+        name=$half-${shard_names[$i]}
+        read -r -a selection <<<"${shard_args[$i]}"
         url=$(redis_for "$number")
         redis_dirs+=("$OUT/redis-$number")
         number=$((number + 1))
         names+=("$name")
         rm -f "$OUT/$name.rc"
-        log "shard $name: t/integration/$file, tasks declared with $decorator, Redis $url"
+        log "shard $name: ${shard_args[$i]}, tasks declared with $decorator, Redis $url"
         if [[ ${CELERY_COMPAT_PARALLEL:-1} == 0 ]]; then
-            run_shard "$name" "$decorator" "$url" "t/integration/$file" "${args[@]}"
+            run_shard "$name" "$decorator" "$url" "${selection[@]}" "${args[@]}"
         else
-            run_shard "$name" "$decorator" "$url" "t/integration/$file" "${args[@]}" &
+            run_shard "$name" "$decorator" "$url" "${selection[@]}" "${args[@]}" &
             shard_pids+=("$!")
         fi
     done
