@@ -19,6 +19,8 @@ CASES: dict[str, tuple[str, str, int]] = {
     "ratelimit": ("benchmarks.cases.ratelimit:run", "pg", 240),
     "memory": ("benchmarks.cases.memory:run", "pg", 240),
     "progress": ("benchmarks.cases.progress:run", "pg", 240),
+    # ~60 s at 20,000 ledger jobs; --full (100,000 jobs, the size) ~5 min
+    "worker_memory": ("benchmarks.cases.worker_memory:run", "pg", 300),
 }
 
 # Run on request only (python -m benchmarks --cases profile): py-spy on a ledger drain.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import time
 from typing import Any
 
 import yaml
@@ -119,6 +120,96 @@ def pg_sessions() -> int | None:
     return value
 
 
+# The HOT target of issue 16: UPDATEs of jobs_job over a ledger drain that PostgreSQL made
+# heap-only (no index entry written: no indexed column changed and the page had room).
+HOT_GOAL = 0.9
+# UPDATEs per ledger job over a drain: the published mark after the enqueue, claim, succeed.
+UPDATES_PER_JOB = 3
+
+
+def job_table_updates() -> tuple[int, int] | None:
+    """(n_tup_upd, n_tup_hot_upd) of jobs_job as PostgreSQL's statistics show them now (None on
+    SQLite). Backends report their counts asynchronously (at exit, or within about a second of
+    going idle, PGSTAT_MIN_INTERVAL / PGSTAT_IDLE_INTERVAL): callers poll (wait_job_updates)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        if getattr(connection, "pg_version", 0) >= 150000:
+            cursor.execute("select pg_stat_force_next_flush()")  # this backend's own counts
+        cursor.execute("select pg_stat_clear_snapshot()")
+        cursor.execute(
+            "select n_tup_upd, n_tup_hot_upd from pg_stat_user_tables where relname = %s",
+            [Job._meta.db_table],
+        )
+        upd, hot = cursor.fetchone()
+    return int(upd), int(hot)
+
+
+def wait_job_updates(
+    before: tuple[int, int], expected: int, timeout: float = 30
+) -> tuple[int, int]:
+    """(UPDATEs, HOT UPDATEs) of jobs_job since `before`, once at least `expected` UPDATEs are
+    reported or the counts stopped moving for 11 s (an idle backend reports within 10 s,
+    PGSTAT_IDLE_INTERVAL), or after `timeout`."""
+    deadline = time.monotonic() + timeout
+    last, still_since = None, time.monotonic()
+    while True:
+        now = job_table_updates() or before
+        delta = (now[0] - before[0], now[1] - before[1])
+        if delta[0] >= expected or time.monotonic() > deadline:
+            return delta
+        if delta != last:
+            last, still_since = delta, time.monotonic()
+        elif time.monotonic() - still_since > 11 and delta[0] > 0:
+            return delta
+        time.sleep(0.25)
+
+
+def job_table_updates_settled(first: tuple[int, int], quiet: float = 2.5) -> tuple[int, int]:
+    """The counts once they stopped moving for `quiet` seconds (the warm-up's backends have
+    reported), at most 15 s."""
+    deadline = time.monotonic() + 15
+    last, since = first, time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = job_table_updates() or last
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return last
+
+
+def hot_figure(result: CaseResult, before: tuple[int, int], ledger_jobs: int) -> None:
+    """HOT share of jobs_job's UPDATEs over the ledger drains, as a figure and a target."""
+    upd, hot = wait_job_updates(before, UPDATES_PER_JOB * ledger_jobs)
+    share = hot / upd if upd else 0.0
+    result.figure(
+        "HOT updates / updates (jobs_job)",
+        [share],
+        "x",
+        what="n_tup_hot_upd / n_tup_upd of jobs_job over the ledger drains (pg_stat_user_tables)",
+    )
+    result.extra["jobs_job_updates"] = {
+        "updates": upd,
+        "hot_updates": hot,
+        "ledger_jobs": ledger_jobs,
+        "updates_per_job": round(upd / ledger_jobs, 2) if ledger_jobs else None,
+    }
+    if upd < UPDATES_PER_JOB * ledger_jobs:
+        result.notes.append(
+            f"jobs_job: {upd:,} UPDATEs reported for {ledger_jobs:,} ledger jobs "
+            f"(expected {UPDATES_PER_JOB * ledger_jobs:,}; statistics not all flushed)"
+        )
+    result.target(
+        "HOT UPDATEs of jobs_job over a ledger drain (n_tup_hot_upd / n_tup_upd)",
+        share,
+        f">= {HOT_GOAL}",
+        share >= HOT_GOAL,
+        detail=f"{hot:,} of {upd:,} UPDATEs heap-only",
+    )
+
+
 def _succeeded(task: Any) -> int:
     if not getattr(task, "track", False):
         return 0
@@ -171,7 +262,13 @@ def _drain(db: str, variants: list[str], full: bool) -> CaseResult:
         workers_for = {v: [reuse if reuse and v.endswith("_reuse") else shipped] for v in variants}
         # A short warm-up drain per variant: imports, connections, caches.
         drain_rounds(CaseResult("warmup", ""), workers_for, 100, 1, 60)
+        ledger_jobs = count * size.repeats * sum(v.startswith("ledger_on") for v in variants)
+        updates_before = job_table_updates()
+        if updates_before is not None:  # the warm-up's counts are in before the clock starts
+            updates_before = job_table_updates_settled(updates_before)
         rates = drain_rounds(result, workers_for, count, size.repeats, timeout=300)
+        if updates_before is not None and ledger_jobs:
+            hot_figure(result, updates_before, ledger_jobs)
     suffix = "" if db == "pg" else "_sqlite"
     label = {v: v if v == "bare" else v + suffix for v in variants}
     for variant in variants:
