@@ -25,7 +25,7 @@ from celery import current_app
 from celery.utils.functional import maybe_list
 from celery.worker import state as worker_state
 from celery.worker.control import Panel
-from django.db import transaction
+from django.db import close_old_connections, transaction
 from redis.exceptions import RedisError
 
 from . import events, ledger, slots
@@ -187,6 +187,50 @@ def _revoke(
     return _celery_revoke(state, task_id, terminate=terminate, signal=signal, **kw)
 
 
+# --- a revoke by stamped headers (app.control.revoke_by_stamped_headers) ----------------------
+_celery_revoke_by_stamped_headers = Panel.data["revoke_by_stamped_headers"]
+
+
+def stamped(headers: Any) -> list[str]:
+    """The active jobs whose message carries one of these stamps ({"monitoring_id": [v, ...]}
+    or Celery's ["monitoring_id=v"]): the ledger keeps each stamp with its job's options."""
+    if isinstance(headers, list):
+        headers = dict(header.split("=", 1) for header in headers)
+    found: list[str] = []
+    for header, values in (headers or {}).items():
+        wanted = [str(v) for v in maybe_list(values) or []]
+        rows = Job.objects.filter(
+            state__in=ACTIVE_STATES, **{f"publish_options__{header}__isnull": False}
+        ).only("id", "publish_options")
+        for job in rows.iterator(chunk_size=1000):
+            stamps = job.publish_options.get(header)
+            if header in (job.publish_options.get("stamped_headers") or ()) and any(
+                str(stamp) in wanted for stamp in maybe_list(stamps) or []
+            ):
+                found.append(str(job.id))
+    return found
+
+
+def _revoke_by_stamped_headers(
+    state: Any, headers: Any, terminate: bool = False, signal: Any = None, **kw: Any
+) -> Any:
+    """Celery's revoke by stamped headers, recorded in the ledger first, like a revoke by id:
+    the jobs carrying a matching stamp that wait never run (their messages are dropped at
+    claim, also after a worker restart, which forgets Celery's revoked stamps), running ones
+    are asked to stop. A message sent later with the stamp is discarded at delivery by
+    Celery and its job cancelled then (PlatformRequest)."""
+    try:
+        close_old_connections()  # the worker's main process holds its connection for days
+        ids = stamped(headers)
+        ledger.cancel_waiting(ids)
+        ledger.request_cancel(ids)
+    except Exception:
+        logger.exception("Could not record the revoke by stamped headers in the ledger")
+    return _celery_revoke_by_stamped_headers(
+        state, headers, terminate=terminate, signal=signal, **kw
+    )
+
+
 def _kill_descendants(pid: int) -> None:
     """SIGKILL every process descended from `pid` (Linux /proc; elsewhere nothing)."""
     children: dict[int, list[int]] = {}
@@ -207,3 +251,4 @@ def _kill_descendants(pid: int) -> None:
 
 
 Panel.data["revoke"] = _revoke
+Panel.data["revoke_by_stamped_headers"] = _revoke_by_stamped_headers

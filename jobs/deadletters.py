@@ -15,7 +15,7 @@ from django.db import transaction
 
 from . import context, events, ledger
 from .broker import BULK_BATCH
-from .enqueue import JobHandle, check_arguments, enqueue, enqueue_many
+from .enqueue import JobHandle, check_arguments, enqueue, enqueue_many, replay_options
 from .exceptions import InvalidArguments, ReplayError, UnknownTask
 from .ledger import batch as batch_ledger
 from .models import AuditEntry, DeadLetter, DeadLetterStatus
@@ -50,6 +50,8 @@ def dead_letter_replay(
             priority=row.priority,
             owner=row.owner,
             queue=row.queue,
+            # the per-call time limits and headers it was sent with (jobs.enqueue)
+            publish_options=replay_options(row.job.publish_options) if row.job else None,
             detached=True,
             # in the trace of the job that died (jobs.tracing), linked to the operator's
             trace_parent=row.job.trace_context if row.job is not None else None,

@@ -185,6 +185,12 @@ def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
         send()
 
 
+def replay_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a replay of a job keeps of its message options: the per-call time limits and the
+    custom headers (not its canvas links: a replay is a job of its own)."""
+    return {k: v for k, v in (options or {}).items() if k in LIMIT_OPTIONS or k == "headers"}
+
+
 def _storable(options: Mapping[str, Any] | None) -> dict[str, Any]:
     """Message options worth keeping in the ledger for the relay (canvas links, per-call time
     limits, Celery's expiry, headers and stamps), as JSON."""

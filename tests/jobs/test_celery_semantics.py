@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 from celery import chain, chord, group, states
+from celery.canvas import StampingVisitor  # type: ignore[attr-defined]  # not in celery-types
 from celery.exceptions import ChordError, MaxRetriesExceededError, Reject, TaskRevokedError
 from celery.result import AsyncResult, GroupResult
 from django.utils import timezone
@@ -371,3 +372,92 @@ def test_cancelling_a_replaced_job_stops_its_replacement(worker):
     job = Job.objects.get(id=result.id)
     assert job.state == JobState.CANCELLED and job.task_name == ct.replace_with_slow.name
     assert not Job.objects.filter(id=result.id, task_name=ct.add.name).exists()
+
+
+# --- h. stamps, revoke by stamped headers ---------------------------------------------------------
+class _Monitoring(StampingVisitor):
+    def __init__(self, monitoring_id: str) -> None:
+        self.monitoring_id = monitoring_id
+
+    def on_signature(self, sig: Any, **headers: Any) -> dict[str, Any]:
+        return {"monitoring_id": self.monitoring_id}
+
+
+def _stamped(sig: Any, monitoring_id: str) -> Any:
+    sig.stamp(visitor=_Monitoring(monitoring_id))
+    return sig
+
+
+def test_revoke_by_stamped_headers_is_a_ledger_cancellation(worker, unique):
+    from config.celery import app
+
+    target, other = f"{unique}-target", f"{unique}-other"
+    # given: a job carrying the stamp waits (due in 20 s); another stamp's job waits too
+    waiting = _stamped(ct.add.si(1, 1), target).apply_async(countdown=20)
+    spared = _stamped(ct.add.si(2, 2), other).apply_async(countdown=2)
+    assert Job.objects.get(id=waiting.id).publish_options["monitoring_id"] == target
+
+    # when
+    # celery-types wants one value per header; Celery takes a list of them too
+    app.control.revoke_by_stamped_headers({"monitoring_id": [target]})  # type: ignore[dict-item]
+
+    # then: the waiting job is cancelled in the ledger (not only in the workers' memory)
+    wait_until(
+        lambda: Job.objects.filter(id=waiting.id, state=JobState.CANCELLED).exists(),
+        what="the stamped job to be cancelled",
+    )
+    with pytest.raises(TaskRevokedError):
+        waiting.get(timeout=TIMEOUT)
+    # a job sent afterwards with the stamp never runs either, and reads REVOKED
+    later = _stamped(ct.add.si(3, 3), target).apply_async()
+    with pytest.raises(TaskRevokedError):
+        later.get(timeout=TIMEOUT)
+    job = Job.objects.get(id=later.id)
+    assert (job.state, job.error, job.attempts) == (JobState.CANCELLED, "revoked", 0)
+    # the other stamp's job runs; a stamp reaches the task's request
+    assert spared.get(timeout=TIMEOUT) == 4
+    assert not DeadLetter.objects.filter(job_id_value__in=[waiting.id, later.id]).exists()
+
+
+def test_headers_and_stamps_reach_the_task(worker, unique):
+    sig = _stamped(ct.request_headers.si(), unique).set(headers={"x-custom": "yes"})
+
+    seen = sig.apply_async().get(timeout=TIMEOUT)
+    assert seen["headers"]["x-custom"] == "yes"
+    assert seen["stamps"] == {"monitoring_id": unique}
+
+
+# --- f. priority, queue and time limits on retried, replayed and canvas messages ---------------
+def test_a_retried_message_keeps_the_calls_time_limits(worker):
+    result = ct.retry_once_options.apply_async((1,), time_limit=20, soft_time_limit=15)
+
+    assert result.get(timeout=TIMEOUT)["time_limit"] == [20, 15]
+
+
+def test_a_replay_keeps_queue_priority_time_limits_and_headers(worker, unique):
+    from jobs import dead_letter_replay
+
+    first = ct.limits_once.apply_async(
+        (unique,), queue="emails", priority=8, time_limit=20, headers={"x-tenant": "t1"}
+    )
+    with pytest.raises(ct.ExpectedException):
+        first.get(timeout=TIMEOUT)
+
+    replay = dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=first.id))
+
+    seen: dict[str, Any] = AsyncResult(replay.id).get(timeout=TIMEOUT)
+    assert seen["queue"] == "emails" and seen["priority"] == broker_priority(8)
+    assert seen["time_limit"][0] == 20 and seen["headers"]["x-tenant"] == "t1"
+    assert (Job.objects.get(id=replay.id).queue, Job.objects.get(id=replay.id).priority) == (
+        "emails",
+        8,
+    )
+
+
+def test_a_chord_callback_and_a_chain_run_at_the_priority_asked(worker):
+    # Backlot's scale (0 lowest .. 9 highest) in apply_async and signatures, as for enqueue
+    body = chord([ct.add.si(1, 1), ct.add.si(2, 2)], ct.return_priority.s().set(priority=3))
+    chained: Any = ct.return_priority.si().set(priority=3) | ct.return_priority.si().set(priority=7)
+
+    assert body.apply_async().get(timeout=TIMEOUT) == f"Priority: {broker_priority(3)}"
+    assert chained.apply_async().get(timeout=TIMEOUT) == f"Priority: {broker_priority(7)}"

@@ -201,3 +201,32 @@ def fail_replaced(self: Any, *args: Any) -> None:
 @job(name="compat.replace_with_slow", bind=True)
 def replace_with_slow(self: Any, seconds: float) -> None:
     raise self.replace(sleeping.si(seconds) | add.si(1, 1))
+
+
+@job(name="compat.request_headers", bind=True)
+def request_headers(self: Any) -> dict[str, Any]:
+    """What the task's request says of its message's headers and stamps."""
+    request = self.request
+    stamps = {
+        name: getattr(request, "stamps", {}).get(name) for name in request.stamped_headers or []
+    }
+    return {"headers": request.headers or {}, "stamps": stamps}
+
+
+@job(name="compat.limits_once", bind=True)
+def limits_once(self: Any, key: str) -> dict[str, Any]:
+    """Fails its first run (no retry); a run after that returns what its message said."""
+    echo(key, "run")
+    if len(echoed(key)) == 1:
+        raise ExpectedException("first run fails")
+    return {
+        "time_limit": self.request.timelimit,
+        "priority": self.request.delivery_info.get("priority"),
+        "queue": self.request.delivery_info.get("routing_key"),
+        "headers": self.request.headers or {},
+    }
+
+
+@job(name="compat.return_priority", bind=True)
+def return_priority(self: Any, *_args: Any) -> str:
+    return f"Priority: {self.request.delivery_info['priority']}"
