@@ -6,7 +6,7 @@ SHELL := /bin/bash
 PYTEST_ARGS ?=
 export PYTEST_ARGS
 
-.PHONY: help venv run test test-scale test-celery-compat bench lint docs services-up services-down stop clean
+.PHONY: help venv run test test-scale test-celery-compat bench bench-peers lint docs services-up services-down stop clean
 
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
@@ -14,6 +14,7 @@ help:
 	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
 	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :16390 and up and PostgreSQL :29334 (COMPAT_ARGS=...; docs/celery-compat.md)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
+	@echo "make bench-peers  Backlot ledger-off/on next to Dramatiq, RQ, Huey, Procrastinate, django-tasks (own venv .data/venv-peers, Redis :6393, PostgreSQL :29336; PEERS_ARGS=...)"
 	@echo "make venv     create .venv and install the project (pip install -e '.[project,dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
 	@echo "make docs     regenerate docs/api.md from the API's OpenAPI schema (a test fails when it is stale)"
@@ -41,6 +42,11 @@ test-celery-compat: venv
 # Extra arguments for the suite, e.g. make bench BENCH_ARGS="--cases drain_pg,latency"
 bench: venv
 	@bash scripts/bench.sh
+
+# Not part of make test or make bench: the peers install into .data/venv-peers, e.g.
+# make bench-peers PEERS_ARGS="--sides backlot,dramatiq --scale 0.2"
+bench-peers: venv
+	@bash scripts/bench-peers.sh
 
 lint: venv
 	@bash scripts/lint.sh
