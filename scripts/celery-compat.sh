@@ -132,6 +132,8 @@ run_shard() {
     read -r host port < <("$PY" -m tests.celery_compat.run hostport "$redis_url")
     "$PY" -m tests.celery_compat.run flushdb "$redis_url"
     rm -f "$OUT/outcomes-$name.json"
+    # pytest-django would take over the database (the suite's own setup is its conftest's);
+    # pytest-rerunfailures, where installed, would rerun Celery's flaky tests five times.
     (
         cd "$tree"
         # Celery's tasks and tests reach Redis themselves (tasks.py get_redis_connection).
@@ -140,7 +142,7 @@ run_shard() {
             CELERY_COMPAT_OUTCOMES=$ROOT/$OUT/outcomes-$name.json \
             CELERY_COMPAT_LOG_DIR=$ROOT/$OUT \
             PYTHONPATH="$PWD:$ROOT" \
-            exec "$PY" -m pytest -p no:django -p no:cacheprovider -c pytest.ini --rootdir . -q "$@"
+            exec "$PY" -m pytest -p no:django -p no:cacheprovider -p no:rerunfailures -c pytest.ini --rootdir . -q "$@"
     ) >"$OUT/pytest-$name.log" 2>&1 || shard_rc=$?
     echo "$shard_rc" >"$OUT/$name.rc"
 }
