@@ -28,7 +28,10 @@ FAULT_WEIGHTS: dict[str, int] = {
     "redis_drop": 2,  # CLIENT KILL TYPE normal: every client connection dropped
     "pg_restart": 1,  # pg_ctl stop -m fast, start: every database session ends
     "pg_drop": 2,  # pg_terminate_backend of every session of the platform's database
+    "redis_outage": 1,  # redis-server stopped for `seconds`, then started (the AOF reloaded)
+    "pg_outage": 1,  # PostgreSQL stopped for `seconds`: longer than 80 % of a lease, at times
 }
+OUTAGE_SECONDS = {"redis_freeze": (2.0, 8.0), "redis_outage": (4.0, 15.0), "pg_outage": (4.0, 20.0)}
 # The load's kinds (the test-only API of schedule_app.py), with their weight in the draw.
 LOAD_WEIGHTS: dict[str, int] = {
     "effect": 10,  # a short job with an effect
@@ -48,7 +51,7 @@ class Fault:
     at: float  # seconds from the schedule's start
     kind: str
     target: int  # which worker (0 or 1); unused by the kinds that have one target
-    seconds: float = 0.0  # how long a freeze lasts
+    seconds: float = 0.0  # how long a freeze or an outage lasts
 
     def __str__(self) -> str:
         extra = f" for {self.seconds:.1f} s" if self.seconds else ""
@@ -83,9 +86,11 @@ def plan(seed: int, seconds: float, workers: int = 2) -> Plan:
     while at < seconds - QUIET_TAIL:
         kind = fault_rng.choices(kinds, weights)[0]
         target = fault_rng.randrange(workers)
-        freeze = round(fault_rng.uniform(2.0, 8.0), 1) if kind == "redis_freeze" else 0.0
-        faults.append(Fault(round(at, 2), kind, target, freeze))
-        at += fault_rng.uniform(*FAULT_GAP) + freeze
+        lasts = (
+            round(fault_rng.uniform(*OUTAGE_SECONDS[kind]), 1) if kind in OUTAGE_SECONDS else 0.0
+        )
+        faults.append(Fault(round(at, 2), kind, target, lasts))
+        at += fault_rng.uniform(*FAULT_GAP) + lasts
     calls: list[Call] = []
     at, item = 0.5, 0
     kinds, weights = list(LOAD_WEIGHTS), list(LOAD_WEIGHTS.values())

@@ -33,7 +33,7 @@ import pytest
 import redis
 import requests
 
-from jobs.relay import MISSING_RESENT
+from jobs.relay import LEASE_LAPSES, MISSING_RESENT
 from jobs.reservations import DROPPED, RESTORED
 from tests.conftest import ROOT, wait_until
 from tests.system.faults.conftest import PrivatePostgres, PrivateRedis, figures, free_port
@@ -46,7 +46,7 @@ RESTART_AFTER = 1.0  # seconds a dead process stays down before the supervisor s
 WORKERS = 2
 MODULES = "tests.support.tasks,tests.system.faults.jobs,tests.system.faults.schedule_app"
 LEASE_SECONDS = 15  # a third of the shipped 30 s: the lapses of killed workers, not their length
-COUNTERS = (MISSING_RESENT, RESTORED, DROPPED)
+COUNTERS = (MISSING_RESENT, LEASE_LAPSES, RESTORED, DROPPED)
 BATCH_COLUMNS = ("total", "pending", "succeeded", "dead", "cancelled", "state")
 
 
@@ -99,6 +99,8 @@ class Platform:
         self.processes: list[Supervised] = []
         self.workers: list[Supervised] = []
         self.thaw_at: float | None = None
+        self.redis_back_at: float | None = None
+        self.pg_back_at: float | None = None
         self.counted: Counter = Counter()  # platform counters read before a flush wiped them
         self.applied: list[tuple[float, str]] = []
 
@@ -135,6 +137,12 @@ class Platform:
         if self.thaw_at is not None and now >= self.thaw_at:
             self.redis.thaw()
             self.thaw_at = None
+        if self.redis_back_at is not None and now >= self.redis_back_at:
+            self.redis.start()
+            self.redis_back_at = None
+        if self.pg_back_at is not None and now >= self.pg_back_at:
+            self.pg.start()
+            self.pg_back_at = None
         for process in self.processes:
             process.supervise(now)
 
@@ -174,6 +182,13 @@ class Platform:
         elif kind == "redis_drop":
             killed = self.redis.client.client_kill_filter(_type="normal", skipme=True)
             return f"{killed} connections dropped"
+        elif kind == "redis_outage":
+            self.counted += self.read_counters()
+            self.redis.stop()
+            self.redis_back_at = time.monotonic() + fault.seconds
+        elif kind == "pg_outage":
+            self.pg.stop()
+            self.pg_back_at = time.monotonic() + fault.seconds
         elif kind == "pg_restart":
             return f"down {self.pg.restart():.1f} s"
         elif kind == "pg_drop":
@@ -193,6 +208,10 @@ class Platform:
             self.thaw_at = None
         if self.redis.process is None or self.redis.process.poll() is not None:
             self.redis.start()
+        self.redis_back_at = None
+        if self.pg_back_at is not None:
+            self.pg.start()
+            self.pg_back_at = None
         wait_until(self.redis.answers, timeout=30, interval=0.2, what="Redis after the heal")
         wait_until(lambda: bool(self.pg.query("SELECT 1")), timeout=60, what="PostgreSQL")
 
@@ -439,7 +458,8 @@ def run_schedule(
             f"{dict(verdict.outcomes)}; settled "
             f"{settled_in} after the schedule; {deliveries - delivered} extra deliveries, "
             f"{starts} job bodies started, {counters[MISSING_RESENT]} lost messages re-sent by "
-            f"the relay, {counters[RESTORED]} reserved messages restored, "
+            f"the relay, {counters[LEASE_LAPSES]} lapsed leases re-queued, "
+            f"{counters[RESTORED]} reserved messages restored, "
             f"{counters[DROPPED]} dropped; "
             f"restarts {restarts}; platform up in {started:.1f} s, "
             f"{time.monotonic() - began:.0f} s in all"
