@@ -461,3 +461,37 @@ def test_a_chord_callback_and_a_chain_run_at_the_priority_asked(worker):
 
     assert body.apply_async().get(timeout=TIMEOUT) == f"Priority: {broker_priority(3)}"
     assert chained.apply_async().get(timeout=TIMEOUT) == f"Priority: {broker_priority(7)}"
+
+
+@pytest.mark.django_db
+def test_a_replaced_row_waits_for_its_replacement_and_nothing_else_sends_or_runs_it():
+    from jobs import ledger
+    from jobs.relay import job_relay
+
+    # given: a running job that handed itself to its replacement (Task.replace())
+    job = Job(
+        task_name=ct.add_replaced.name,
+        args=[1, 2],
+        kwargs={},
+        queue="default",
+        priority=5,
+        state=JobState.RUNNING,
+        attempts=1,
+        max_attempts=5,
+        enqueued_at=timezone.now() - timedelta(minutes=5),
+        published_at=timezone.now() - timedelta(minutes=5),
+    )
+    ledger.insert(job)
+    assert ledger.replace(job_id=str(job.id), attempt=1)
+
+    # then: the relay does not send it, and a stray copy of its message is dropped
+    assert job_relay() == 0
+    assert ledger.claim(job_id=str(job.id), lease_seconds=30) is None
+    job.refresh_from_db()
+    assert (job.state, job.error) == (JobState.SCHEDULED, ledger.REPLACED)
+
+    # when the replacement's task of the same id is enqueued, it takes the row over
+    successor = ct.add.apply_async((1, 2), task_id=str(job.id))
+    job.refresh_from_db()
+    assert successor.id == str(job.id)
+    assert (job.task_name, job.state, job.attempts) == (ct.add.name, JobState.QUEUED, 0)
