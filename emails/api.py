@@ -113,12 +113,15 @@ class CampaignOut(Schema):
     summary: dict[str, int]
     job_id: str | None
     status_url: str | None
+    batch_id: str | None
+    batch_url: str | None
 
 
 def _campaign_out(campaign: Campaign) -> dict[str, Any]:
     """A campaign as the API shows it; reads only (done is derived, not saved)."""
     summary = campaign.summary()
     job_id = str(campaign.job_id) if campaign.job_id else None
+    batch_id = str(campaign.batch_id) if campaign.batch_id else None
     return {
         "campaign_id": campaign.pk,
         "name": campaign.name,
@@ -126,6 +129,8 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
         "summary": summary,
         "job_id": job_id,
         "status_url": f"/api/jobs/{job_id}/" if job_id else None,
+        "batch_id": batch_id,
+        "batch_url": f"/api/batches/{batch_id}/" if batch_id else None,
     }
 
 

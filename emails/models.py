@@ -12,6 +12,12 @@ from django.db.models import Count, Exists, F, OuterRef
 from django.utils import timezone
 
 from jobs import OwnedQuerySet
+from jobs.models import Batch, Job
+from jobs.states import JobState
+
+# The fan-out job's name: it is a member of its campaign's batch (keeping it open while it
+# fans out), and the summary leaves it out of the recipients' counts.
+FAN_OUT_TASK = "emails.campaign_fan_out"
 
 
 class EmailStatus(models.TextChoices):
@@ -182,7 +188,7 @@ class CampaignStatus(models.TextChoices):
 
     DRAFT = "draft", "Draft"  # recipients may still be added; not started
     SENDING = "sending", "Sending"  # started: the fan-out job queues one message per recipient
-    DONE = "done", "Done"  # every recipient sent or failed (marked by the send job)
+    DONE = "done", "Done"  # every recipient sent or failed (the batch's on_complete callback)
     CANCELLED = "cancelled", "Cancelled"  # stopped before every recipient was sent
 
 
@@ -214,6 +220,12 @@ class Campaign(models.Model):
         help_text="Draft, sending, done or cancelled.",
     )
     job_id = models.UUIDField("fan-out job", null=True, blank=True, help_text="The fan-out job.")
+    batch_id = models.UUIDField(
+        "batch",
+        null=True,
+        blank=True,
+        help_text="The batch of its fan-out and send jobs; its counters are the summary.",
+    )
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Created.")
     started_at = models.DateTimeField("started", null=True, blank=True, help_text="Fan-out began.")
 
@@ -227,14 +239,16 @@ class Campaign(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def mark_sending(self, *, job_id: str) -> bool:
-        """draft -> sending: started, fanned out by the job `job_id`."""
+    def mark_sending(self, *, job_id: str, batch_id: uuid.UUID | None = None) -> bool:
+        """draft -> sending: started, fanned out by the job `job_id`, a member of the batch
+        `batch_id` that its send jobs join."""
         return _move(
             self,
             [CampaignStatus.DRAFT],
             status=CampaignStatus.SENDING,
             started_at=timezone.now(),
             job_id=job_id,
+            batch_id=batch_id,
         )
 
     def mark_cancelled(self) -> bool:
@@ -243,18 +257,22 @@ class Campaign(models.Model):
         return _move(self, [CampaignStatus.SENDING], status=CampaignStatus.CANCELLED)
 
     def mark_done(self) -> bool:
-        """sending -> done, once no recipient is pending (every message sent, failed or
-        cancelled).
+        """sending -> done: the campaign's batch completed (every send job and the fan-out job
+        ended), so no recipient is pending, unless the fan-out gave up before every recipient
+        had a message: then it stays sending (the summary shows them pending).
 
-        The send job calls it after each campaign message's outcome: one guarded UPDATE whose
-        EXISTS stops at the first pending recipient, so it is cheap until the very end.
+        Called by the batch's on_complete callback, which fires exactly once. A campaign
+        started before batches (no batch_id) is settled after each message's outcome instead:
+        its EXISTS stops at the first pending recipient.
         """
-        pending = CampaignRecipient.objects.filter(campaign=OuterRef("pk")).exclude(
-            email_message__status__in=FINISHED_EMAIL_STATUSES
-        )
+        unfanned = CampaignRecipient.objects.filter(campaign=OuterRef("pk"))
+        if self.batch_id is None:
+            unfanned = unfanned.exclude(email_message__status__in=FINISHED_EMAIL_STATUSES)
+        else:
+            unfanned = unfanned.filter(email_message__isnull=True)
         moved = (
             Campaign.objects.filter(pk=self.pk, status=CampaignStatus.SENDING)
-            .exclude(Exists(pending))
+            .exclude(Exists(unfanned))
             .update(status=CampaignStatus.DONE)
         )
         if moved:
@@ -272,14 +290,43 @@ class Campaign(models.Model):
         return self.status
 
     def summary(self) -> dict[str, int]:
-        """Recipients by outcome: sent, failed, cancelled, pending (none of those yet), total."""
+        """Recipients by outcome: sent, failed, cancelled, pending (none of those yet), total.
+
+        Read from the campaign's batch: its counters move in the same transaction as each send
+        job's finish, so they never drift. sent = members succeeded, failed = dead (refused,
+        unconfirmed, out of attempts), cancelled = cancelled, each without the fan-out job;
+        total is the recipients, so those not fanned out yet are pending. A campaign started
+        before batches counts its messages' statuses instead.
+        """
+        if self.batch_id is None:
+            return self._summary_from_messages()
+        total = self.recipients.count()
+        batch = Batch.objects.filter(id=self.batch_id).first()
+        if batch is None:  # the batch was purged: the messages still know
+            return self._summary_from_messages()
+        fan_out = dict(
+            Job.objects.filter(batch_id=self.batch_id, task_name=FAN_OUT_TASK)
+            .values_list("state")
+            .annotate(n=Count("id"))
+            .order_by()
+        )
+        sent = batch.succeeded - fan_out.get(JobState.SUCCEEDED, 0)
+        failed = batch.dead - fan_out.get(JobState.DEAD, 0)
+        cancelled = batch.cancelled - fan_out.get(JobState.CANCELLED, 0)
+        return self._summarised(total=total, sent=sent, failed=failed, cancelled=cancelled)
+
+    def _summary_from_messages(self) -> dict[str, int]:
         counts = dict(
             self.recipients.values_list("email_message__status").annotate(n=Count("id")).order_by()
         )
-        sent = counts.get(EmailStatus.SENT, 0)
-        failed = counts.get(EmailStatus.FAILED, 0) + counts.get(EmailStatus.UNCONFIRMED, 0)
-        cancelled = counts.get(EmailStatus.CANCELLED, 0)
-        total = sum(counts.values())
+        return self._summarised(
+            total=sum(counts.values()),
+            sent=counts.get(EmailStatus.SENT, 0),
+            failed=counts.get(EmailStatus.FAILED, 0) + counts.get(EmailStatus.UNCONFIRMED, 0),
+            cancelled=counts.get(EmailStatus.CANCELLED, 0),
+        )
+
+    def _summarised(self, *, total: int, sent: int, failed: int, cancelled: int) -> dict[str, int]:
         if self.status == CampaignStatus.CANCELLED:
             cancelled = total - sent - failed  # nothing pending: the rest never goes out
         return {

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from celery import signature
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMultiAlternatives, get_connection
@@ -24,6 +25,7 @@ from jobs import (
     BacklotError,
     Permanent,
     Retryable,
+    batch,
     cancel,
     enqueue_many,
     json_problem,
@@ -49,6 +51,9 @@ logger = logging.getLogger(__name__)
 # Recipients per fan-out transaction and import chunk: 1,000 rows keep each transaction
 # short (~50 ms on PostgreSQL here) while a 100,000-row campaign takes 100 round trips.
 CHUNK = 1000
+# The campaign batch's on_complete callback (emails.tasks.campaign_done_job), by name: this
+# module never imports the tasks.
+CAMPAIGN_DONE_TASK = "emails.campaign_done"
 # Bad CSV rows kept with their reason; the rest are only counted.
 MAX_REPORTED_ERRORS = 1000
 
@@ -273,9 +278,10 @@ def email_cancelled(*, email_id: int) -> None:
 
 
 def _campaign_settle(message: EmailMessage) -> None:
-    """A message reached its outcome: its campaign (if any) is done once none is pending."""
+    """A message reached its outcome: a campaign started before batches (no batch_id) is done
+    once none is pending. A campaign on a batch is done by the batch's on_complete callback."""
     campaign = Campaign.objects.filter(
-        recipients__email_message=message, status=CampaignStatus.SENDING
+        recipients__email_message=message, status=CampaignStatus.SENDING, batch_id__isnull=True
     ).first()
     if campaign is not None:
         campaign.mark_done()
@@ -321,17 +327,44 @@ def campaign_create(
 def campaign_start(
     *, campaign: Campaign, owner: Any = None, fan_out_job: PlatformTask[[int], int]
 ) -> JobHandle:
-    """Start a draft campaign: its `fan_out_job` (emails.tasks.campaign_fan_out_job) is queued
-    and the campaign is sending, together; EmailError when it was started before."""
+    """Start a draft campaign: its batch opens with the `fan_out_job`
+    (emails.tasks.campaign_fan_out_job) as its first member, and the campaign is sending,
+    together; EmailError when it was started before.
+
+    The fan-out job keeps the batch open while it adds each chunk's send jobs to it; the
+    batch's on_complete callback (emails.campaign_done) marks the campaign done, once.
+    """
     if campaign.status != CampaignStatus.DRAFT:
         raise EmailError(f"Campaign {campaign.pk} is already {campaign.status}")
     with transaction.atomic():
-        handle = fan_out_job.using(owner=owner, idempotency_key=f"campaign:{campaign.pk}").enqueue(
-            campaign.pk
-        )
-        if not campaign.mark_sending(job_id=handle.id):  # started meanwhile: roll back
+        with batch(
+            description=f"Campaign {campaign.pk}: {campaign.name}"[:255],
+            on_complete=signature(CAMPAIGN_DONE_TASK, args=(campaign.pk,)),
+            owner=owner if getattr(owner, "pk", None) else campaign.owner,
+        ) as sending:
+            handle = fan_out_job.using(
+                owner=owner, idempotency_key=f"campaign:{campaign.pk}"
+            ).enqueue(campaign.pk)
+        if not campaign.mark_sending(job_id=handle.id, batch_id=sending.id):  # started meanwhile
             raise EmailError(f"Campaign {campaign.pk} is already started")
     return handle
+
+
+def campaign_batch_completed(*, campaign_id: int, batch_id: str) -> str:
+    """The campaign's batch completed (every send job and the fan-out ended): a sending
+    campaign is done. Returns its status."""
+    campaign = Campaign.objects.filter(pk=campaign_id, batch_id=batch_id).first()
+    if campaign is None:
+        raise Permanent(f"Campaign {campaign_id} has no batch {batch_id}")
+    if not campaign.mark_done():
+        campaign.refresh_from_db(fields=["status"])
+        if campaign.status == CampaignStatus.SENDING:
+            logger.warning(
+                "Campaign %s: its batch completed with recipients never fanned out (the "
+                "fan-out job gave up); it stays sending",
+                campaign_id,
+            )
+    return str(campaign.status)
 
 
 def campaign_fan_out_run(
@@ -377,9 +410,17 @@ def campaign_fan_out_run(
                     )
                 )
             EmailMessage.objects.bulk_create(messages)
-            job_ids = enqueue_many(
-                send_job, [((m.pk,), {}) for m in messages], owner=campaign.owner
+            # The chunk's send jobs join the campaign's batch in this transaction (the fan-out
+            # job, still running, keeps it open); one started before batches has none.
+            joining = (
+                batch(campaign.batch_id)
+                if campaign.batch_id is not None
+                else contextlib.nullcontext()
             )
+            with joining:
+                job_ids = enqueue_many(
+                    send_job, [((m.pk,), {}) for m in messages], owner=campaign.owner
+                )
             for recipient, message, job_id in zip(chunk, messages, job_ids, strict=True):
                 recipient.email_message = message
                 message.job_id = uuid.UUID(job_id)

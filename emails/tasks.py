@@ -71,6 +71,16 @@ def campaign_fan_out_job(self: Any, campaign_id: int) -> int:
 
 
 @job(
+    name="emails.campaign_done",
+    queue="emails",
+    retry=RetryPolicy(max_attempts=5, base_delay=5),
+)
+def campaign_done_job(batch_id: str, campaign_id: int) -> str:
+    """The campaign batch's on_complete callback (fires once): the campaign is done."""
+    return services.campaign_batch_completed(campaign_id=campaign_id, batch_id=batch_id)
+
+
+@job(
     name="emails.recipients_import",
     queue="emails",
     bind=True,

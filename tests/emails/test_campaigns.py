@@ -6,8 +6,12 @@ import csv
 import io
 import tracemalloc
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
 from emails import services
 from emails.models import (
+    Campaign,
     CampaignRecipient,
     CampaignStatus,
     EmailMessage,
@@ -213,6 +217,7 @@ def test_csv_over_the_upload_limit_is_refused_and_not_kept(
 
 
 def _started_campaign(owner, addresses: list[str]):
+    """A campaign started for real: its fan-out job and send jobs run on the worker."""
     campaign = services.campaign_create(
         name="c",
         template="campaign",
@@ -221,35 +226,64 @@ def _started_campaign(owner, addresses: list[str]):
         recipients=[{"email": address} for address in addresses],
     )
     services.campaign_start(campaign=campaign, fan_out_job=campaign_fan_out_job)
-    services.campaign_fan_out_run(campaign_id=campaign.pk, send_job=email_send_job)
     campaign.refresh_from_db()
     return campaign
 
 
-def test_campaign_detail_get_reads_only(db, client, admin_user):
-    # given a sending campaign whose every message has its outcome
+def test_campaign_detail_get_reads_only(worker, mailbox, client, admin_user):
+    # given a campaign whose every message has its outcome (sent by the real send jobs)
     campaign = _started_campaign(admin_user, ["a@example.com", "b@example.com"])
-    EmailMessage.objects.update(status=EmailStatus.SENT)
+    wait_until(
+        lambda: EmailMessage.objects.filter(status=EmailStatus.SENT).count() == 2,
+        timeout=60,
+        what="both messages to be sent",
+    )
     client.force_login(admin_user)
 
     # when its detail is read
-    body = client.get(f"/api/campaigns/{campaign.pk}/").json()
+    with CaptureQueriesContext(connection) as queries:
+        body = client.get(f"/api/campaigns/{campaign.pk}/").json()
 
     # then it reads as done, and the read wrote nothing
     assert body["status"] == "done" and body["summary"]["pending"] == 0
-    campaign.refresh_from_db()
-    assert campaign.status == CampaignStatus.SENDING
+    assert body["summary"]["sent"] == 2 and len(mailbox.received()) == 2
+    writes = [
+        q["sql"]
+        for q in queries.captured_queries
+        if q["sql"].lstrip().split(" ", 1)[0].upper() in ("INSERT", "UPDATE", "DELETE")
+        and "django_session" not in q["sql"]
+    ]
+    assert writes == []
 
 
-def test_the_last_outcome_marks_the_campaign_done(db, admin_user):
+def test_the_last_outcome_marks_the_campaign_done(worker, mailbox, admin_user):
+    # the first recipient is refused for good; the second waits in the SMTP conversation
+    mailbox.refuse["a@example.com"] = "550 5.1.1 no such user"
+    mailbox.hold_at = "rcpt"
     campaign = _started_campaign(admin_user, ["a@example.com", "b@example.com"])
-    first, second = EmailMessage.objects.order_by("pk")
-
-    services.email_mark_failed(email_id=first.pk, reason="Recipient refused")
+    first, second = wait_until(
+        lambda: (rows := list(EmailMessage.objects.order_by("to"))) and len(rows) == 2 and rows,
+        timeout=60,
+        what="both messages to be fanned out",
+    )
+    wait_until(
+        lambda: (
+            EmailMessage.objects.get(pk=first.pk).status == EmailStatus.FAILED
+            and mailbox.held.is_set()
+        ),
+        timeout=60,
+        what="the refused message to fail while the other is held",
+    )
     campaign.refresh_from_db()
     assert campaign.status == CampaignStatus.SENDING  # one recipient still pending
+    assert campaign.summary()["pending"] == 1
 
-    services.email_mark_failed(email_id=second.pk, reason="gave up")
+    mailbox.release.set()  # the second message goes out: the last outcome
+    wait_until(
+        lambda: Campaign.objects.get(pk=campaign.pk).status == CampaignStatus.DONE,
+        timeout=60,
+        what="the campaign to be done",
+    )
     campaign.refresh_from_db()
-    assert campaign.status == CampaignStatus.DONE
-    assert campaign.summary() == {"total": 2, "sent": 0, "failed": 2, "cancelled": 0, "pending": 0}
+    assert campaign.summary() == {"total": 2, "sent": 1, "failed": 1, "cancelled": 0, "pending": 0}
+    assert EmailMessage.objects.get(pk=second.pk).status == EmailStatus.SENT
