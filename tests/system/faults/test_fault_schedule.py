@@ -249,6 +249,7 @@ class Load(threading.Thread):
         self.callback_items: dict[str, int] = {}
         self.refused: Counter = Counter()  # status (or exception class) -> calls
         self.began = 0.0
+        self.halt = threading.Event()  # set when the test ends early: no call after it
 
     def post(self, call: Call) -> None:
         try:
@@ -273,9 +274,8 @@ class Load(threading.Thread):
 
     def run(self) -> None:
         for call in self.plan.calls:
-            wait = self.began + call.at - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)  # pacing of the planned load
+            if self.halt.wait(max(0.0, self.began + call.at - time.monotonic())):
+                return  # the test ended early
             self.post(call)
 
 
@@ -399,6 +399,7 @@ def run_schedule(
         "BACKLOT_LEASE_SECONDS": str(LEASE_SECONDS),
     }
     platform = Platform(env, private_redis, private_postgres)
+    load: Load | None = None
     began = time.monotonic()
     try:
         token = issue_token(env)
@@ -472,6 +473,9 @@ def run_schedule(
         assert settle is not None, f"FAULTS_SEED={seed}: not settled within {SETTLE_SECONDS} s"
         assert len(load.accepted) > len(the_plan.calls) // 2, "most API calls were refused"
     finally:
+        if load is not None:
+            load.halt.set()
+            load.join(timeout=40)
         platform.stop()
 
 
