@@ -37,6 +37,8 @@ SIZES = {
     # fan-out recipients per round (Celery's group is sized separately: it is 10x slower)
     "bulk": Size(issue=100_000, bench=20_000, repeats=3),
     "bulk_group": Size(issue=20_000, bench=4_000, repeats=3),
+    # members of the one batch enqueued per round (batches case; its drain uses drain_pg)
+    "batches": Size(issue=100_000, bench=20_000, repeats=3),
     # sequential jobs per variant (interleaved job by job)
     "latency": Size(issue=500, bench=300, repeats=1),
     # requests per view (interleaved request by request)

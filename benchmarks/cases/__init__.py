@@ -22,8 +22,8 @@ CASES: dict[str, tuple[str, str, int]] = {
     # ~60 s at 20,000 ledger jobs on a quiet machine (~320 s under a load average of 12);
     # --full (100,000 jobs, the size) ~5 min
     "worker_memory": ("benchmarks.cases.worker_memory:run", "pg", 480),
-    # batch enqueue (20,000 members; --full 100,000) and drain vs no batch: ~3 min
-    "batches": ("benchmarks.cases.batches:run", "pg", 480),
+    # batch enqueue (20,000 members; --full 100,000) and drain (drain_pg size) vs no batch
+    "batches": ("benchmarks.cases.batches:run", "pg", 600),
 }
 
 # Run on request only (python -m benchmarks --cases profile): py-spy on a ledger drain.
