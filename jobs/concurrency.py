@@ -227,13 +227,15 @@ class Gates:
 
     def pace(self, gate: Gate, job_id: str) -> float:
         """0 once a rate-limited run may begin (recorded), else the seconds until it may: at
-        most `limit` runs begin in any second, and late ones catch up at twice the rate."""
+        most catch_up_cap(interval) runs begin in any second."""
         if not gate.interval:
             return 0.0
         most = catch_up_cap(gate.interval)
         wait = self._pace(
             keys=[RATE_PREFIX + gate.bucket + ":runs"],
-            args=[job_id, most, repr(gate.interval / 2)],
+            # no spacing here (the admission spaces late ones): a pool process waits only
+            # while the last second is full
+            args=[job_id, most, "0"],
         )
         return float(wait)
 
