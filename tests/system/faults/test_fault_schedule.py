@@ -448,6 +448,11 @@ def run_schedule(
             " FROM jobs_job WHERE task_name LIKE 'faults.%%'"
         )
         starts = sum(int(v) for v in counter_redis.client.hvals(f"faults:{run_id}:runs"))
+        letters = dict(
+            private_postgres.query(
+                "SELECT exception_class, count(*) FROM jobs_deadletter GROUP BY 1 ORDER BY 2 DESC"
+            )
+        )
         restarts = {p.name: p.restarts for p in platform.processes if p.restarts}
         settled_in = f"NOT within {SETTLE_SECONDS:g} s" if settle is None else f"{settle:.1f} s"
         figures(
@@ -455,7 +460,7 @@ def run_schedule(
             f"({dict(Counter(f.kind for f in the_plan.faults))}), {len(the_plan.calls)} API calls "
             f"({sum(load.refused.values())} refused {dict(load.refused)}), {len(load.accepted)} "
             f"jobs accepted in {len(load.batches)} batches and alone; outcomes "
-            f"{dict(verdict.outcomes)}; settled "
+            f"{dict(verdict.outcomes)}, dead letters {letters}; settled "
             f"{settled_in} after the schedule; {deliveries - delivered} extra deliveries, "
             f"{starts} job bodies started, {counters[MISSING_RESENT]} lost messages re-sent by "
             f"the relay, {counters[LEASE_LAPSES]} lapsed leases re-queued, "
