@@ -149,8 +149,9 @@ def test_a_leader_killed_right_after_firing_is_not_repeated_by_the_next(worker, 
     processes = {}
     for side in ("leader", "follower"):  # the follower reads the schedule last
         processes[side] = beats(f"{side}-{unique}")
+        name = f"{side}-{unique}"
         wait_until(
-            lambda side=side: "Schedule changed" in log_of(f"{side}-{unique}"),
+            lambda name=name: "Schedule changed" in log_of(name),  # type: ignore[misc]
             timeout=60,
             what=f"the {side} to read the schedule",
         )
@@ -286,7 +287,7 @@ DST_CASES = [
 @pytest.mark.parametrize("zone, hour, minute, day, expected", DST_CASES)
 def test_fire_time_of_a_cron_inside_the_skipped_or_repeated_hour(zone, hour, minute, day, expected):
     cron = crontab(minute=minute, hour=hour)
-    cron.tz = zone
+    cron.tz = zone  # type: ignore[misc]  # celery-types: read-only; Celery sets it
     midnight = day.replace(tzinfo=zone)
 
     assert cron_after(cron, midnight.astimezone(UTC)) == expected
@@ -308,11 +309,13 @@ def test_the_wall_clock_rule_across_dst():
     assert repeated.astimezone(NEW_YORK).utcoffset() == timedelta(hours=-4)  # EDT, the first
     # an hourly cron on the spring-forward day: 01:30, then 03:00 (for 02:30), then 03:30
     cron = crontab(minute=30)
-    cron.tz = NEW_YORK
+    cron.tz = NEW_YORK  # type: ignore[misc,assignment]  # celery-types: read-only; Celery sets it
     start = datetime(2026, 3, 8, 6, 0, tzinfo=UTC)
     seen = []
     for _ in range(3):
-        start = cron_after(cron, start)
+        after = cron_after(cron, start)
+        assert after is not None
+        start = after
         seen.append(start.astimezone(NEW_YORK).strftime("%H:%M"))
     assert seen == ["01:30", "03:00", "03:30"]
 
