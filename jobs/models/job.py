@@ -228,25 +228,18 @@ class Job(models.Model):
         verbose_name = "job"
         verbose_name_plural = "jobs"
         ordering = ("-enqueued_at",)
-        # Every index reads only columns the hot path leaves as they are (the claim, succeed, the
-        # published mark after the enqueue, renew, progress), partial-index predicates included,
-        # so those UPDATEs are HOT (heap-only: no index entry written, the row stays in its page,
-        # with the room the fillfactor leaves, migration 0014). Not indexed for that reason:
-        # state, published_at, finished_at, lease_expires_at, started_at (what job_state_queue_idx,
-        # job_due_idx and job_finished_idx read until 0014); queries on them scan (README of
-        # benchmarks/, "HOT updates", gives their plans and times on 100,000 rows).
         indexes = [
+            models.Index(fields=["state", "queue", "enqueued_at"], name="job_state_queue_idx"),
             models.Index(fields=["task_name", "enqueued_at"], name="job_task_idx"),
             # GET /api/jobs/ and the "My jobs" page: a user's jobs newest first, read in index
             # order (keyset pages). Replaces job_owner_idx (owner, enqueued_at), which it covers.
             models.Index(fields=["owner", "-enqueued_at", "-id"], name="job_owner_list_idx"),
-            # The relay's due jobs (scheduled, retrying): scheduled_for is set at enqueue or by a
-            # retry, never on the hot path; the state and published_at are filtered on the rows.
             models.Index(
                 fields=["scheduled_for"],
-                name="job_scheduled_idx",
-                condition=Q(scheduled_for__isnull=False),
+                name="job_due_idx",
+                condition=Q(state__in=["scheduled", "retrying"], published_at__isnull=True),
             ),
+            models.Index(fields=["finished_at"], name="job_finished_idx"),
             # A cancel walks the tree a job fanned out; parents never change on the hot path.
             models.Index(
                 fields=["parent"], name="job_parent_idx", condition=Q(parent__isnull=False)
