@@ -47,9 +47,11 @@ local function full()
     -- late ones catch up at twice the rate at most, never in a clump
     return math.max(0.001, tonumber(last[2]) + interval / 2 - now)
   end
-  -- up to 10 % over the rate (less one start for timing jitter), so a second lost to a busy
-  -- pool is caught up on and the average holds, while the busiest second stays within + 10 %
-  local cap = math.max(1, math.floor(1 / interval + 1e-9), math.floor(1.1 / interval + 1e-9) - 1)
+  -- up to 10 % over the rate less room for timing jitter (jobs.concurrency.catch_up_cap), so a
+  -- second lost to a busy pool is caught up on while the busiest second stays within + 10 %
+  local rate = math.floor(1 / interval + 1e-9)
+  local over = math.floor(1.1 / interval + 1e-9)
+  local cap = math.max(1, rate, math.min(over - 1, math.max(rate + 1, over - 2)))
   if redis.call('ZCARD', KEYS[12]) < cap then return false end
   local oldest = redis.call('ZRANGE', KEYS[12], 0, 0, 'WITHSCORES')
   return math.max(0.001, tonumber(oldest[2]) + 1 - now)
