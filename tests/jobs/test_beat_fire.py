@@ -149,9 +149,9 @@ def test_a_leader_killed_right_after_firing_is_not_repeated_by_the_next(worker, 
     processes = {}
     for side in ("leader", "follower"):  # the follower reads the schedule last
         processes[side] = beats(f"{side}-{unique}")
-        name = f"{side}-{unique}"
+        beat_name = f"{side}-{unique}"
         wait_until(
-            lambda name=name: "Schedule changed" in log_of(name),  # type: ignore[misc]
+            lambda beat_name=beat_name: "Schedule changed" in log_of(beat_name),  # type: ignore[misc]
             timeout=60,
             what=f"the {side} to read the schedule",
         )
