@@ -135,7 +135,10 @@ def test_a_revoke_from_celery_control_is_a_ledger_cancellation(worker, unique):
 
     celery_app.control.revoke(handle.id)
 
-    wait_until(lambda: state_of(handle.id) == JobState.CANCELLED, what="the revoke to land")
+    # the broadcast reached a loaded worker 9-10 s after it was sent once in a full run
+    wait_until(
+        lambda: state_of(handle.id) == JobState.CANCELLED, timeout=30, what="the revoke to land"
+    )
 
 
 def test_cancel_command_and_admin_action(transactional_db, clean_redis, client, django_user_model):

@@ -39,9 +39,11 @@ FAIRNESS_BOUND = 5.0  # seconds another tenant's single job may wait behind that
 
 
 @pytest.fixture(scope="module")
-def two_workers(start_worker: Callable[..., Worker]) -> list[Worker]:
-    """Two worker processes (3 pool processes each) on the queues the limited jobs use."""
-    return [
+def two_workers(start_worker: Callable[..., Worker]) -> Iterator[list[Worker]]:
+    """Two worker processes (3 pool processes each) on the queues the limited jobs use,
+    stopped when this module ends: left running, they take `default` messages that later
+    modules' tests wait for their own worker to run."""
+    started = [
         # an idle worker's stop need not take the platform's 30 s soft shutdown
         start_worker(
             f"limits{i}",
@@ -51,6 +53,9 @@ def two_workers(start_worker: Callable[..., Worker]) -> list[Worker]:
         )
         for i in (1, 2)
     ]
+    yield started
+    for worker in started:
+        worker.stop()
 
 
 @pytest.fixture
