@@ -18,7 +18,7 @@ from django.db.models import Count
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import broker, events, execution, ledger, reservations, slots
+from . import broker, events, execution, ledger, restore, slots
 from .concurrency import Gates
 from .conf import backlot_settings
 from .enqueue import check_arguments, publish_job
@@ -307,9 +307,9 @@ def _lapsed_leases(now: datetime) -> None:
 
 def _restore_reservations() -> None:
     """Messages that dead workers (heartbeat gone) had taken and not acknowledged go back to
-    the head of their queues now, not after the visibility timeout (jobs.reservations)."""
+    the head of their queues now, not after the visibility timeout (jobs.restore)."""
     try:
-        reservations.restore_lost(settled=_settled)
+        restore.restore_lost(settled=_settled)
     except broker.BROKER_ERRORS as exc:  # Redis is away: the next sweep tries again
         logger.warning("relay: could not restore dead workers' messages: %s", exc)
     except Exception:  # the outbox goes on whatever this step hit

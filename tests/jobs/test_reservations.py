@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from celery import current_app
 
-from jobs import reservations
+from jobs import reservations, restore
 from jobs.redis import redis_client
-from jobs.reservations import DROPPED, HEARTBEAT, OWNERS, RESTORED, WORKERS, restore_lost
+from jobs.reservations import DROPPED, HEARTBEAT, OWNERS, RESTORED, WORKERS
+from jobs.restore import restore_lost
 
 # No worker consumes it: a session worker of the suite would take the restored messages.
 QUEUE = "test-reservations"
@@ -113,14 +114,14 @@ def test_a_holder_whose_heartbeat_comes_back_keeps_its_messages(
     broker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     tag = hold("slow:3:c/1", "job")
-    real = reservations._alive
+    real = restore._alive
 
     def alive_then_back(client: Any, prefix: str, workers: list[str]) -> dict[str, bool]:
         found = real(client, prefix, workers)
         beat("slow:3:c/1")  # its thread beat between the check and the move
         return found
 
-    monkeypatch.setattr(reservations, "_alive", alive_then_back)
+    monkeypatch.setattr(restore, "_alive", alive_then_back)
     assert restore_lost() == 0
     assert broker.hexists("unacked", tag) and not broker.llen(QUEUE)
 
