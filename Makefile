@@ -11,7 +11,7 @@ export PYTEST_ARGS
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     make lint, then test Redis :6390 and PostgreSQL :54329 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
-	@echo "make test-scale  (root) Redis + PostgreSQL and two worker hosts in network namespaces, 5,000 jobs (PYTEST_ARGS=...)"
+	@echo "make test-scale  (root) tests/scale: two worker hosts in network namespaces (5,000 jobs, 600 rate-limited), and a Redis Sentinel failover under load (FAILOVER_JOBS=240; PYTEST_ARGS=...)"
 	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :16390 and up and PostgreSQL :29334 (COMPAT_ARGS=...; docs/celery-compat.md)"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"
 	@echo "make bench-peers  Backlot ledger-off/on next to Dramatiq, RQ, Huey, Procrastinate, django-tasks (own venv .data/venv-peers, Redis :6393, PostgreSQL :29336; PEERS_ARGS=...)"

@@ -41,10 +41,11 @@ from . import context, events
 from .cancellation import cancel_many
 from .conf import backlot_settings
 from .deadletters import BulkOutcome, dead_letter_replay_many
-from .enqueue import check_priority, check_queue, publish_job
+from .enqueue import publish_job
 from .exceptions import BacklotError, UnknownTask
 from .ledger import batch as batch_ledger
 from .models import CALLBACK_KINDS, Batch, BatchState, DeadLetter, DeadLetterStatus, Job
+from .options import check_priority, check_queue
 from .payload import payload_check
 from .registry import task_by_name
 from .states import ACTIVE_STATES, JobState

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from redis.exceptions import RedisError
@@ -111,6 +112,40 @@ class Released:
     wait: float
 
 
+def _admit_keys(gate: Gate) -> list[str]:
+    """The keys of the ADMIT script (jobs.gate_scripts), in its order."""
+    return [
+        *gate.keys(),
+        GATES,
+        QUEUES,
+        OWNER,
+        SEQUENCE,
+        gate.waiters_key(),
+        gate.starts_key(),
+    ]
+
+
+def _admit_args(
+    gate: Gate, job_id: str, message: str, *, horizon: str, park_only: str
+) -> list[Any]:
+    """The arguments of the ADMIT script, in its order; `park_only` "1" parks the job whatever
+    the slots (a job just accepted)."""
+    return [
+        job_id,
+        gate.name,
+        gate.limit,
+        repr(gate.interval),
+        repr(gate.lease),
+        repr(EARLY),
+        horizon,
+        message,
+        gate.queue,
+        gate.holders,
+        gate.bucket,
+        park_only,
+    ]
+
+
 def catch_up_cap(interval: float) -> int:
     """Most starts of a bucket in any second, as the scripts compute it: its rate, and up to
     10 % more, less two starts' room for timing jitter (one when that leaves no catching up), so
@@ -140,29 +175,8 @@ class Gates:
     def admit(self, gate: Gate, job_id: str, message: str, *, horizon: float) -> Admission:
         """Let a delivered job through its gate, or park it (its `message` kept for later)."""
         verdict, wait, waiting = self._admit(
-            keys=[
-                *gate.keys(),
-                GATES,
-                QUEUES,
-                OWNER,
-                SEQUENCE,
-                gate.waiters_key(),
-                gate.starts_key(),
-            ],
-            args=[
-                job_id,
-                gate.name,
-                gate.limit,
-                repr(gate.interval),
-                repr(gate.lease),
-                repr(EARLY),
-                repr(horizon),
-                message,
-                gate.queue,
-                gate.holders,
-                gate.bucket,
-                "0",
-            ],
+            keys=_admit_keys(gate),
+            args=_admit_args(gate, job_id, message, horizon=repr(horizon), park_only="0"),
         )
         return Admission(redis_text(verdict), float(wait), int(waiting))
 
@@ -173,29 +187,8 @@ class Gates:
             pipe = self.client.pipeline(transaction=False)
             for gate, job_id, message in jobs[start : start + WAIT_BATCH]:
                 self._admit(
-                    keys=[
-                        *gate.keys(),
-                        GATES,
-                        QUEUES,
-                        OWNER,
-                        SEQUENCE,
-                        gate.waiters_key(),
-                        gate.starts_key(),
-                    ],
-                    args=[
-                        job_id,
-                        gate.name,
-                        gate.limit,
-                        repr(gate.interval),
-                        repr(gate.lease),
-                        repr(EARLY),
-                        "0",
-                        message,
-                        gate.queue,
-                        gate.holders,
-                        gate.bucket,
-                        "1",
-                    ],
+                    keys=_admit_keys(gate),
+                    args=_admit_args(gate, job_id, message, horizon="0", park_only="1"),
                     client=pipe,
                 )
             pipe.execute()

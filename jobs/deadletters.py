@@ -15,10 +15,11 @@ from django.db import transaction
 
 from . import context, events, ledger
 from .broker import BULK_BATCH
-from .enqueue import JobHandle, check_arguments, enqueue, enqueue_many, replay_options
+from .enqueue import JobHandle, enqueue, enqueue_many
 from .exceptions import InvalidArguments, ReplayError, UnknownTask
 from .ledger import batch as batch_ledger
 from .models import AuditEntry, DeadLetter, DeadLetterStatus
+from .options import check_arguments, replay_options
 from .registry import task_by_name
 
 logger = logging.getLogger(__name__)

@@ -12,10 +12,10 @@ from prometheus_client.registry import Collector
 from . import reservations, telemetry
 from .beat import LAST_TICK_KEY
 from .conf import backlot_settings
-from .execution import DELIVERIES
 from .lease import FENCING
 from .models import DeadLetter
 from .monitoring import queue_stats, workers_online
+from .outcomes import DELIVERIES
 from .pausing import paused_queues
 from .redis import redis_client, redis_text
 from .relay import LEASE_LAPSES, MISSING_RESENT, unknown_tasks

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from django.db import DatabaseError
@@ -18,12 +19,13 @@ from django.db.models import Count
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import broker, events, execution, ledger, restore, slots
+from . import broker, events, ledger, outcomes, restore, slots
 from .concurrency import Gates
 from .conf import backlot_settings
-from .enqueue import check_arguments, publish_job
+from .enqueue import publish_job
 from .exceptions import UnknownTask
 from .models import Job, JobState
+from .options import check_arguments
 from .redis import redis_client
 from .registry import task_by_name
 from .states import WAITING_STATES
@@ -213,18 +215,25 @@ def _publish_one(job: Job) -> bool | None:
             job.task_name,
             type(exc).__name__,
         )
-        events.send(
-            events.job_dead,
-            task=job.task_name,
-            job_id=str(job.id),
-            queue=job.queue,
-            attempt=job.attempts,
-            duration=None,
-            exception=exc,
-            dead_letter_id=dead_letter.pk if dead_letter else None,
-        )
-        execution.call_on_dead(task, exc, job.args, job.kwargs)
+        _announce_dead(job, exc, dead_letter.pk if dead_letter else None, task)
         return None
+
+
+def _announce_dead(job: Job, exc: BaseException, dead_letter_id: int | None, task: Any) -> None:
+    """A job the relay dead-lettered: the job_dead event, then its on_dead hook (if its task is
+    known here)."""
+    events.send(
+        events.job_dead,
+        task=job.task_name,
+        job_id=str(job.id),
+        queue=job.queue,
+        attempt=job.attempts,
+        duration=None,
+        exception=exc,
+        dead_letter_id=dead_letter_id,
+    )
+    if task is not None:
+        outcomes.call_on_dead(task, exc, job.args, job.kwargs)
 
 
 def _report_unknown_tasks() -> None:
@@ -285,18 +294,10 @@ def _lapsed_leases(now: datetime) -> None:
             job.task_name,
             job.crashes + 1,
         )
-        events.send(
-            events.job_dead,
-            task=job.task_name,
-            job_id=str(job.id),
-            queue=job.queue,
-            attempt=job.attempts,
-            duration=None,
-            exception=exc,
-            dead_letter_id=dead_letter.pk,
-        )
-        with contextlib.suppress(UnknownTask):  # no task, no hook: the dead letter names it
-            execution.call_on_dead(task_by_name(job.task_name), exc, job.args, job.kwargs)
+        task = None  # no task, no hook: the dead letter names it
+        with contextlib.suppress(UnknownTask):
+            task = task_by_name(job.task_name)
+        _announce_dead(job, exc, dead_letter.pk, task)
     lapsed = dead + ledger.lapsed_leases_requeued(now=now, max_crashes=cap)
     if lapsed:
         try:

@@ -16,7 +16,7 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 from django.db import close_old_connections
 
-from . import events, execution, ledger
+from . import events, execution, ledger, outcomes
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
@@ -172,11 +172,11 @@ class PlatformRequest(Request):
         request: the job ends cancelled. True when it was."""
         task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
         try:
-            if not execution.cancel_requested(self.id):
+            if not outcomes.cancel_requested(self.id):
                 return False
             job = Job.objects.filter(id=self.id).only("attempts").first()
             with _bound_request(task, self):
-                execution.stopped_on_request(
+                outcomes.stopped_on_request(
                     task, tuple(self.args), dict(self.kwargs), job.attempts if job else 0, None
                 )
             return True
@@ -189,7 +189,7 @@ class PlatformRequest(Request):
         task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
         try:
             with _bound_request(task, self):
-                reason = execution.worker_lost(
+                reason = outcomes.worker_lost(
                     task, exc, args=tuple(self.args), kwargs=dict(self.kwargs)
                 )
             if reason is not None:

@@ -9,7 +9,6 @@ enqueue options go through ``using()``: ``email_send.using(priority=9, owner=use
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -18,21 +17,17 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from celery import Task, group
-from celery.canvas import _chain
-from celery.canvas import chord as _chord  # the class (celery-types stubs no _chord alias)
-from celery.exceptions import Ignore
-from celery.utils.serialization import raise_with_context
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.utils import timezone
 
-from . import context, execution, ledger
+from . import context, execution, outcomes
 from . import enqueue as enqueuing
+from .celery_task import CeleryTaskAPI
 from .conf import backlot_settings
 from .enqueue import JobHandle
 from .exceptions import JobCancelled
 from .models import Job
-from .policies import DEFAULT_POLICY, RetryPolicy, RetryRequested
+from .policies import DEFAULT_POLICY, RetryPolicy
 from .progress import ProgressThrottle
 
 logger = logging.getLogger(__name__)
@@ -50,23 +45,6 @@ ENQUEUE_OPTIONS = frozenset(
 CANCEL_CHECK_INTERVAL = 0.5
 # Options apply_async takes over into the ledger row; the rest pass through to the message.
 _APPLY_OPTIONS = frozenset({"priority", "countdown", "eta", "queue", "owner", "idempotency_key"})
-
-
-def _signature_with_id(sig: Any, task_id: str) -> Any:
-    """The task signature in a canvas (chain, chord, group) frozen with `task_id`, or None."""
-    if isinstance(sig, _chain):
-        parts = list(sig.tasks)
-    elif isinstance(sig, _chord):
-        parts = [*sig.tasks, sig.body]
-    elif isinstance(sig, group):
-        parts = list(sig.tasks)
-    else:
-        return sig if sig.options.get("task_id") == task_id else None
-    for part in reversed(parts):
-        found = _signature_with_id(part, task_id)
-        if found is not None:
-            return found
-    return None
 
 
 def _absolute_expiry(expires: Any) -> str:
@@ -92,7 +70,7 @@ class Enqueuer(Generic[P, R]):
         return enqueuing.enqueue(task=self.task, args=args, kwargs=kwargs, **self.options)
 
 
-class PlatformTask(Task[P, R]):
+class PlatformTask(CeleryTaskAPI[P, R]):
     """Base class installed by @job; the class attributes below are set per job."""
 
     Request = "jobs.request:PlatformRequest"
@@ -227,147 +205,6 @@ class PlatformTask(Task[P, R]):
         owner_id = Job.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
         return context.running(str(job_id), owner_id)
 
-    def retry(
-        self,
-        args: Any = None,
-        kwargs: Any = None,
-        exc: BaseException | None = None,
-        throw: bool = True,
-        eta: Any = None,
-        countdown: float | None = None,
-        max_retries: int | None = None,
-        **options: Any,
-    ) -> Any:
-        """Celery's retry(), onto the retry policy and the ledger.
-
-        As in Celery: retry number ``request.retries + 1`` is refused past `max_retries` (this
-        call's, else the task's own ``max_retries=`` when it declares one, else the policy's
-        max_attempts - 1), and then `exc` is raised (MaxRetriesExceededError without one), so
-        the job gives up with it. Otherwise this attempt is recorded as failed with `exc`, and
-        the next runs after `countdown` seconds (or at `eta`; neither: the task's own
-        default_retry_delay when it declares one, else the policy's backoff, both capped by
-        the policy's max_delay), with `args`/`kwargs` when given and `options` (priority on
-        Backlot's 0-9 scale, queue, headers, time limits, expires) on its message. The
-        caller's AsyncResult reads RETRY with `exc`, then the final outcome.
-        """
-        request = self.request
-        if request.called_directly or request.is_eager or not request.id:
-            # Not a worker run (a direct call, apply(), always-eager): Celery's own semantics.
-            # celery-types wants an Exception; Celery takes any exception.
-            return super().retry(
-                args,
-                kwargs,
-                exc,  # type: ignore[arg-type]
-                throw,
-                eta,
-                countdown,
-                max_retries,
-                **options,
-            )
-        args, kwargs = self._retry_arguments(args, kwargs)
-        retries = (request.retries or 0) + 1
-        limit = self._retry_limit() if max_retries is None else max_retries
-        if retries > limit:
-            # Read by jobs.execution: the job gives up with this exception, whatever the policy.
-            request.backlot_give_up = True  # type: ignore[attr-defined]
-            if exc is not None:
-                raise_with_context(exc)  # type: ignore[arg-type]  # any exception, as Celery's
-            # celery-types declares MaxRetriesExceededError without Celery's task_args/kwargs.
-            raise self.MaxRetriesExceededError(  # type: ignore[call-arg]
-                f"Can't retry {self.name}[{request.id}] args:{args or request.args} "
-                f"kwargs:{kwargs or request.kwargs}",
-                task_args=args or request.args,
-                task_kwargs=kwargs or request.kwargs,
-            )
-        if countdown is None and eta is not None:
-            when = eta if isinstance(eta, datetime) else maybe_iso8601(eta)
-            if when is None:
-                raise ValueError(f"retry(eta=...) is not a datetime or ISO 8601 string: {eta!r}")
-            when = maybe_make_aware(when)
-            countdown = max(0.0, (when - timezone.now()).total_seconds())
-        if countdown is None and "default_retry_delay" in vars(type(self)):
-            countdown = self.default_retry_delay
-        if not throw:
-            logger.warning(
-                "%s[%s]: retry(throw=False) is a plain retry() under @job: the retry is "
-                "scheduled once this run has ended",
-                self.name,
-                request.id,
-            )
-        raise RetryRequested(
-            exc, retry_after=countdown, args=args, kwargs=kwargs, options=options
-        ) from exc
-
-    def _retry_arguments(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
-        """Celery's rule (celery#6494) for retry(args=...) or retry(kwargs=...) alone: the
-        call's other arguments are kept where they do not clash with the new ones."""
-        request = self.request
-        if not (
-            (args is not None and kwargs is None and request.kwargs)
-            or (kwargs is not None and args is None and request.args)
-        ):
-            return args, kwargs
-        try:
-            signature = inspect.signature(self.run)
-        except (TypeError, ValueError):
-            return args, kwargs
-        if args is not None:
-            positional = [
-                p
-                for p in signature.parameters.values()
-                if p.kind
-                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            ]
-            kept = dict(request.kwargs or {})
-            for parameter in positional[: len(args)]:
-                if parameter.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD:
-                    kept.pop(parameter.name, None)
-            return args, kept
-        try:
-            bound = signature.bind_partial(*(request.args or ()))
-        except TypeError:
-            return args, kwargs
-        kwargs = dict(kwargs or {})
-        for name in list(kwargs):
-            if (
-                name in bound.arguments
-                and signature.parameters[name].kind == inspect.Parameter.POSITIONAL_OR_KEYWORD
-            ):
-                bound.arguments[name] = kwargs.pop(name)
-        return bound.args, {**bound.kwargs, **kwargs}
-
-    def _retry_limit(self) -> int:
-        """How many retries self.retry() may ask for: the task's declared max_retries (Celery's
-        option, as in @job(max_retries=3)), else what the retry policy allows. Backlot never
-        retries without a limit: max_retries=None falls back on the policy."""
-        declared = vars(type(self)).get("max_retries")
-        if isinstance(declared, int):
-            return declared
-        return self.policy.max_attempts - 1
-
-    def on_replace(self, sig: Any) -> Any:
-        """Celery's Task.replace(), with the ledger. Before the replacing signature is sent,
-        this job's row is handed to its task of the same id (jobs.ledger.replace; Celery
-        freezes the replacement with this id): that task's enqueue takes the row over, so the
-        caller's AsyncResult and the status API follow the replacement to its end. When that
-        task keeps no ledger row (track=False, a plain Celery task, the accumulator Celery
-        puts after a replacing group), the row is finished now and AsyncResult reads the
-        outcome from Celery's result store."""
-        request = self.request
-        # The run's claim (jobs.execution keeps it on the request): its attempt and token.
-        hold = getattr(request, "_backlot_hold", None)
-        if request.is_eager or request.called_directly or not self.track or hold is None:
-            return super().on_replace(sig)
-        final = _signature_with_id(sig, str(request.id))
-        successor = self.app.tasks.get(final.task) if final is not None else None
-        tracked = isinstance(successor, PlatformTask) and successor.track
-        write = ledger.replace if tracked else ledger.replaced_by_untracked
-        if not write(job_id=str(request.id), attempt=hold.attempt, lease_owner=hold.lease_owner):
-            logger.warning("Job %s lost its claim; its replacement is not sent", request.id)
-            raise Ignore()
-        request.backlot_replaced = True  # type: ignore[attr-defined]  # read by jobs.execution
-        return super().on_replace(sig)
-
     # --- worker's side -----------------------------------------------------------------
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:
         """Report progress, visible in the ledger and the status API.
@@ -413,7 +250,7 @@ class PlatformTask(Task[P, R]):
         if now - getattr(request, "_backlot_cancel_checked", 0.0) < CANCEL_CHECK_INTERVAL:
             return False
         request._backlot_cancel_checked = now  # type: ignore[attr-defined]
-        asked = execution.cancel_seen(str(request.id))
+        asked = outcomes.cancel_seen(str(request.id))
         request._backlot_cancelled = asked  # type: ignore[attr-defined]
         return asked
 

@@ -19,16 +19,12 @@ from .accept import (
 )
 from .busy import busy_released, database_busy, when_free
 from .cancel import cancel_discarded, cancel_waiting, request_cancel, run_cancelled
+from .claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
 from .replace import REPLACED, replace, replaced_by_untracked, take_over
 from .resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
 from .run import (
-    EARLY_TOLERANCE,
     MAX_FAILURES_KEPT,
-    Claim,
     Defaults,
-    Dropped,
-    claim,
-    claim_delivery,
     describe_exception,
     give_up,
     progress,

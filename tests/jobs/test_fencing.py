@@ -28,9 +28,9 @@ from django.utils import timezone
 
 from jobs import LeaseLost, ledger
 from jobs.effects import effect_once
-from jobs.execution import DELIVERIES
 from jobs.lease import FENCING, Hold, holding
 from jobs.models import Effect, Job, JobState
+from jobs.outcomes import DELIVERIES
 from jobs.redis import redis_client, redis_text
 from jobs.relay import MISSING_RESENT, job_relay
 from jobs.testing import Worker as PlatformWorker

@@ -10,6 +10,7 @@ import json
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import django
@@ -77,10 +78,16 @@ def states() -> Counter:
 
 
 def wait(spec: dict[str, Any]) -> dict[str, Any]:
-    """Poll the ledger until `total` jobs succeeded or are dead, at most `timeout` seconds."""
+    """Poll the ledger until `total` jobs succeeded or are dead, at most `within` seconds."""
+    return wait_for(states, spec)
+
+
+def wait_for(count: Callable[[], Counter], spec: dict[str, Any]) -> dict[str, Any]:
+    """Poll `count()` (jobs per ledger state) until `total` jobs succeeded or are dead, at most
+    `within` seconds (the failover driver's wait too)."""
     began = time.monotonic()
     while True:
-        counts = states()
+        counts = count()
         finished = counts[JobState.SUCCEEDED] + counts[JobState.DEAD]
         if finished >= spec["total"]:
             break

@@ -22,14 +22,14 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import Count, Sum
 
-from config.celery import app
 from jobs import broker, enqueue_many, reservations
 from jobs.enqueue import enqueue as enqueue_one
 from jobs.lease import FENCING
 from jobs.models import Job, JobState
 from jobs.redis import redis_client
 from jobs.relay import LEASE_LAPSES, MISSING_RESENT
-from tests.scale import failover_jobs
+from tests.scale import driver, failover_jobs
+from tests.scale.driver import ping
 
 QUEUE = "default"
 
@@ -49,19 +49,6 @@ def setup(spec: dict[str, Any]) -> dict[str, Any]:
                 " at double precision NOT NULL)"
             )
     return {"seconds": time.monotonic() - began}
-
-
-def ping(spec: dict[str, Any]) -> dict[str, Any]:
-    names = set(spec["names"])
-    deadline = time.monotonic() + spec["within"]
-    answered: set[str] = set()
-    while answered != names:
-        replies = app.control.ping(destination=sorted(names - answered), timeout=0.5) or []
-        for reply in replies:
-            answered |= set(reply) & names
-        if answered != names and time.monotonic() > deadline:
-            raise SystemExit(f"workers did not answer: {sorted(names - answered)}")
-    return {"answered": sorted(answered)}
 
 
 def load(spec: dict[str, Any]) -> dict[str, Any]:
@@ -149,15 +136,7 @@ def states() -> Counter:
 
 def wait(spec: dict[str, Any]) -> dict[str, Any]:
     """Poll the ledger until `total` jobs succeeded or are dead, at most `within` seconds."""
-    began = time.monotonic()
-    while True:
-        counts = states()
-        if counts[JobState.SUCCEEDED] + counts[JobState.DEAD] >= spec["total"]:
-            break
-        if time.monotonic() - began > spec["within"]:
-            raise SystemExit(f"timed out after {spec['within']}s; ledger states: {dict(counts)}")
-        time.sleep(0.5)  # polling interval of a bounded wait
-    return {"seconds": time.monotonic() - began, "states": dict(counts)}
+    return driver.wait_for(states, spec)
 
 
 def _per_item(table: str, run: str) -> dict[int, int]:
