@@ -1,6 +1,9 @@
 """Retention: finished history is deleted by age so the database and Redis stay bounded.
 
 Unresolved dead letters (and the ledger rows they point at) are kept until an operator acts.
+A batch goes with its last member: once it completed longer ago than the job retention and
+none of its members is left in the ledger (a member kept for its unresolved dead letter keeps
+its batch, which a replay may still bring to success).
 """
 
 from __future__ import annotations
@@ -9,12 +12,12 @@ from datetime import timedelta
 from typing import Any
 
 from celery import current_app
-from django.db.models import Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django_celery_results.models import TaskResult
 
 from .conf import backlot_settings
-from .models import DeadLetter, DeadLetterStatus, Effect, Job
+from .models import Batch, DeadLetter, DeadLetterStatus, Effect, Job
 
 # Rows per DELETE: 5,000 keeps each statement well under a second on PostgreSQL here and does
 # not hold locks that would stall workers writing the ledger.
@@ -60,9 +63,18 @@ def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
         created_at__lt=now - timedelta(days=limits.EFFECT_RETENTION_DAYS)
     )
     results = TaskResult.objects.filter(date_done__lt=now - _result_expiry())
-    return {
+    counts = {
         "dead_letters": _delete_in_batches(resolved, dry_run),
         "jobs": _delete_in_batches(jobs, dry_run),
         "effects": _delete_in_batches(effects, dry_run),
         "results": _delete_in_batches(results, dry_run),
     }
+    # After the jobs: members deleted above free their batch in the same purge. A dry run
+    # counts the batches free now plus those whose last members it would delete.
+    batches = Batch.objects.filter(completed_at__lt=job_cutoff).exclude(
+        Exists(Job.objects.filter(batch=OuterRef("pk")).exclude(pk__in=jobs.values("pk")))
+        if dry_run
+        else Exists(Job.objects.filter(batch=OuterRef("pk")))
+    )
+    counts["batches"] = _delete_in_batches(batches, dry_run)
+    return counts

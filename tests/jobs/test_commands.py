@@ -14,7 +14,16 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from jobs.alerts import alerts_check
-from jobs.models import AuditEntry, DeadLetter, DeadLetterStatus, Effect, Job, JobState
+from jobs.models import (
+    AuditEntry,
+    Batch,
+    BatchState,
+    DeadLetter,
+    DeadLetterStatus,
+    Effect,
+    Job,
+    JobState,
+)
 from jobs.redis import redis_client
 from tests.support import tasks
 
@@ -111,6 +120,30 @@ def test_purge_keeps_unresolved_dead_letters_and_recent_rows(clean_redis):
     assert not DeadLetter.objects.filter(pk=gone_discarded.pk).exists()
     assert list(Job.objects.values_list("id", flat=True)) == [uuid.UUID(h_new.id)]
     assert not Effect.objects.filter(key="ancient").exists()
+
+
+def test_purge_deletes_a_batch_with_its_last_member(clean_redis):
+    old = timezone.now() - timedelta(days=40)
+    done = Batch.objects.create(state=BatchState.SUCCEEDED, completed_at=old, total=1)
+    member = tasks.prioritized.enqueue("k", "member")
+    Job.objects.filter(id=member.id).update(
+        state=JobState.SUCCEEDED, finished_at=old, batch_id=done.id
+    )
+    held = Batch.objects.create(state=BatchState.COMPLETE, completed_at=old, total=1)
+    dead = tasks.prioritized.enqueue("k", "dead")
+    Job.objects.filter(id=dead.id).update(state=JobState.DEAD, finished_at=old, batch_id=held.id)
+    dead_letter(job_id=dead.id, last_failed_at=old, first_failed_at=old)  # unresolved: kept
+    recent = Batch.objects.create(state=BatchState.SUCCEEDED, completed_at=timezone.now())
+    running = Batch.objects.create(state=BatchState.RUNNING)
+
+    # the old member goes in this purge, and with it its batch
+    assert "1 jobs" in run("purge", "--dry-run") and "1 batches" in run("purge", "--dry-run")
+    assert "1 batches" in run("purge")
+
+    left = set(Batch.objects.values_list("id", flat=True))
+    assert left == {held.id, recent.id, running.id}
+    assert Job.objects.filter(id=dead.id, batch_id=held.id).exists()
+    assert "0 batches" in run("purge")
 
 
 def test_degraded_health_alerts_once_and_announces_recovery(clean_redis, settings):
