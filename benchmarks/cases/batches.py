@@ -8,22 +8,32 @@
    finish moves the batch's counters in its own transaction) vs the same N in no batch.
    Target: overhead per member <= 10 % (batch drain rate / plain drain rate >= 0.9).
 
+3. Counts that do not depend on the machine's load, in this process: statements, client
+   round trips and WAL bytes per member of an enqueue (per 1,000) and of a finish (one claim
+   and its success, as a worker's pool process writes them), in one batch vs in no batch.
+   During the drains, how often one of the worker's database sessions waited for a lock
+   (pg_stat_activity sampled every 10 ms): the two pool processes finishing members of one
+   batch meet on its counters row.
+
 Variants alternate within each round and the order flips every round.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from benchmarks import jobs as bench
 from benchmarks.cases.enqueue import FANOUT_CHUNK, fan_out
 from benchmarks.harness import CaseResult, Workers, clock, empty_queues, pause, queued, timed_drain
 from benchmarks.sizes import SIZES
-from jobs import batch
+from jobs import batch, ledger
 from jobs import enqueue_many as job_enqueue_many
 from jobs.models import Batch, BatchState, Job, JobState
 
@@ -67,8 +77,165 @@ def run(*, full: bool = False) -> CaseResult:
         )
     _enqueue(result, count, enqueue_size.repeats)
     _forget_enqueued()
+    _counts(result)
+    _forget_enqueued()
     _drain(result, drain_count, drain_size.repeats)
     return result
+
+
+# --- what does not depend on load: statements, round trips, WAL per member ------------------
+class Counted:
+    """What this process sent through Django's cursors: statements, and client round trips
+    (Django logs BEGIN and COMMIT, each its own round trip in psycopg 3, with the statements).
+    COPY goes through psycopg's own cursor and is not counted (one per chunk in both)."""
+
+    _CONTROL = ("BEGIN", "COMMIT", "ROLLBACK")
+
+    def __init__(self) -> None:
+        self.capture = CaptureQueriesContext(connection)
+        self.wal = 0
+
+    @contextmanager
+    def counting(self) -> Iterator[Counted]:
+        before = _wal()
+        with self.capture:
+            yield self
+        self.wal = _wal() - before
+
+    @property
+    def statements(self) -> int:
+        return sum(1 for q in self.capture.captured_queries if q["sql"] not in self._CONTROL)
+
+    @property
+    def round_trips(self) -> int:
+        return len(self.capture.captured_queries)
+
+    @property
+    def transactions(self) -> int:
+        return sum(1 for q in self.capture.captured_queries if q["sql"] == "BEGIN")
+
+
+def _wal() -> int:
+    """The WAL insert position in bytes (the bench's own PostgreSQL: nothing else writes)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
+        return int(cursor.fetchone()[0])
+
+
+COUNT_ENQUEUE = 2 * FANOUT_CHUNK  # two chunks: one opens the batch, one joins it
+COUNT_FINISH = 200
+
+
+def _counts(result: CaseResult) -> None:
+    per: dict[str, Counted] = {}
+    for name, send in (("no_batch", lambda n: fan_out(bench.noop, n)), ("batch", fan_out_in_batch)):
+        empty_queues()
+        per[name] = counted = Counted()
+        with counted.counting():
+            send(COUNT_ENQUEUE)
+        empty_queues()
+    for name, counted in per.items():
+        scale = 1000 / COUNT_ENQUEUE
+        result.figure(
+            f"enqueue statements per 1,000, {name}",
+            [counted.statements * scale],
+            "statements",
+            higher_is_better=False,
+        )
+        result.figure(
+            f"enqueue round trips per 1,000, {name}",
+            [counted.round_trips * scale],
+            "round trips",
+            higher_is_better=False,
+        )
+        result.figure(
+            f"enqueue WAL per job, {name}",
+            [counted.wal / COUNT_ENQUEUE],
+            "bytes",
+            higher_is_better=False,
+        )
+    finishes: dict[str, Counted] = {}
+    for name, queue in (("no_batch", _queue_plain), ("batch", fan_out_in_batch)):
+        before = set(Job.objects.filter(task_name=bench.noop.name).values_list("id", flat=True))
+        queue(COUNT_FINISH)
+        empty_queues()
+        ids = [
+            str(i)
+            for i in Job.objects.filter(task_name=bench.noop.name, state=JobState.QUEUED)
+            .exclude(id__in=before)
+            .values_list("id", flat=True)
+        ]
+        finishes[name] = counted = Counted()
+        with counted.counting():
+            for job_id in ids:
+                claim = ledger.claim(job_id=job_id, lease_seconds=60)
+                if claim is None or not ledger.succeed(
+                    job_id=job_id,
+                    attempt=claim.attempt,
+                    run_seconds=0.001,
+                    lease_owner=claim.lease_owner,
+                ):
+                    raise AssertionError(f"{name}: job {job_id} was not claimed and finished")
+    for name, counted in finishes.items():
+        what = "one claim and its success, in this process"
+        result.figure(
+            f"finish statements per job, {name}",
+            [counted.statements / COUNT_FINISH],
+            "statements",
+            higher_is_better=False,
+            what=what,
+        )
+        result.figure(
+            f"finish round trips per job, {name}",
+            [counted.round_trips / COUNT_FINISH],
+            "round trips",
+            higher_is_better=False,
+            what=what,
+        )
+        result.figure(
+            f"finish WAL per job, {name}",
+            [counted.wal / COUNT_FINISH],
+            "bytes",
+            higher_is_better=False,
+        )
+    connection.close()
+
+
+class LockWaits:
+    """Samples pg_stat_activity every 10 ms on a connection of its own: how often a session
+    of the worker (its pool processes' database sessions) was waiting for a lock."""
+
+    def __init__(self) -> None:
+        self.samples = self.waiting = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LockWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        own = connections.create_connection("default")
+        try:
+            with own.cursor() as cursor:
+                while not self._stop.wait(0.01):
+                    cursor.execute(
+                        "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock') "
+                        "FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND pid <> pg_backend_pid() AND state = 'active'"
+                    )
+                    self.samples += 1
+                    self.waiting += int(cursor.fetchone()[0])
+        finally:
+            own.close()
+
+    @property
+    def share(self) -> float:
+        return self.waiting / self.samples if self.samples else 0.0
 
 
 def _enqueue(result: CaseResult, count: int, repeats: int) -> None:
@@ -144,6 +311,7 @@ def _drain(result: CaseResult, count: int, repeats: int) -> None:
         ),
     }
     rates: dict[str, list[float]] = {name: [] for name in variants}
+    waits: dict[str, list[float]] = {name: [] for name in variants}
     empty_queues()
     with Workers() as workers:
         worker = workers.start("batches", concurrency=2)
@@ -158,7 +326,8 @@ def _drain(result: CaseResult, count: int, repeats: int) -> None:
                 ).count()
                 batch_id = variants[name][0](n)
                 connection.close()
-                seconds = timed_drain([worker], timeout=600)
+                with LockWaits() as sampled:
+                    seconds = timed_drain([worker], timeout=600)
                 done = (
                     Job.objects.filter(task_name=bench.noop.name, state=JobState.SUCCEEDED).count()
                     - succeeded_before
@@ -174,9 +343,18 @@ def _drain(result: CaseResult, count: int, repeats: int) -> None:
                         )
                 if round_no >= 0:
                     rates[name].append(n / seconds)
+                    waits[name].append(sampled.share)
                 connection.close()
     for name, (_, what) in variants.items():
         result.figure(name, rates[name], "jobs/s", what=what)
+    for name in variants:
+        result.figure(
+            f"{name}: sessions waiting for a lock",
+            waits[name],
+            "per sample",
+            higher_is_better=False,
+            what="pg_stat_activity every 10 ms: sessions in a Lock wait (mean per sample)",
+        )
     ratio = result.ratio(
         "one_batch / no_batch (drain)", rates["drain_one_batch"], rates["drain_no_batch"]
     )

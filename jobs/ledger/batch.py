@@ -3,7 +3,9 @@
 A member's finish (run.succeed, run.give_up, cancel.*) moves its batch's counters in one
 UPDATE … SET pending = pending - 1 … RETURNING, in the finish's own transaction: the counters
 cannot drift from the members' states, and the UPDATE's row lock orders the finishes of one
-batch. The finish that ends the last member changes the batch's state (guarded by
+batch. A member's success that does not end its batch (on PostgreSQL, after this process's
+claim) is one statement, the finish's UPDATE and the counters' (_FOLDED): one transaction, no
+lock held across a round trip. The finish that ends the last member changes the batch's state (guarded by
 jobs.states.BATCH_TRANSITIONS) and inserts the callback's job row in the same transaction,
 with an id derived from the batch and the callback kind: it is written once however often a
 finish is delivered, and it reaches the broker like any job — right after commit (a receiver
@@ -326,24 +328,123 @@ def claimed(*, job_id: Any, batch_id: Any) -> None:
     _claimed.set((str(job_id), batch_id))
 
 
-def _in_no_batch(job_id: Any) -> bool:
+def _claimed_batch(job_id: Any) -> tuple[bool, Any]:
+    """(known, batch id) of `job_id` as this process's last claim read it: known is False for
+    a job this process did not claim last (a finish without its claim: worker_lost, run_job of
+    another process); batch id None for a job in no batch."""
     last = _claimed.get()
-    return last is not None and last[0] == str(job_id) and last[1] is None
+    if last is None or last[0] != str(job_id):
+        return False, None
+    return True, last[1]
+
+
+# A member's success folded into one statement with its batch's counter move (PostgreSQL).
+# Locks are taken in the order every other writer takes them, the job's row, then its batch's:
+# `held` locks the member's row if the finish's fence holds (then it holds until commit),
+# `moved` moves the counters only with that lock and only when this end neither empties the
+# batch nor finds it ended (its UPDATE re-reads the row it waited for), and `ended` is the
+# finish's own UPDATE, only with that move. One statement is one transaction: both writes or
+# neither, as the issue requires, and no row lock is held across a client round trip (the
+# transaction path holds the batch's from its UPDATE to its COMMIT, one round trip later: the
+# two pool processes of a worker finishing members of one batch queued on it there). When
+# nothing was written the finish takes the transaction path, which settles the batch.
+_FOLDED = """WITH held AS MATERIALIZED (
+    SELECT 1 FROM {jobs} WHERE {fence} FOR UPDATE
+), moved AS (
+    UPDATE {batches} SET {pending} = {pending} - 1, {counter} = {counter} + 1
+    WHERE {id} = %s AND {state} IN ({states}) AND ({pending} > 1 OR {children_pending} > 0)
+    AND EXISTS (SELECT 1 FROM held)
+    RETURNING 1
+), ended AS (
+    {update} AND EXISTS (SELECT 1 FROM moved) RETURNING 1
+)
+SELECT 1 FROM ended"""
+
+# The counter a member's end moves (besides pending), for the outcomes that may be folded.
+_FOLDABLE = {JobState.SUCCEEDED: "succeeded"}
+
+
+class _NotFoldable(Exception):
+    """The finish write's first statement is not the UPDATE of the member's row: it is not
+    run, and the finish takes the transaction path."""
+
+
+class _Folding:
+    """An execute wrapper (connection.execute_wrapper) around a member's finish write: its
+    first statement, the UPDATE of the member's row, runs as _FOLDED (the row count the write
+    sees is the job's, as from its own UPDATE); any other first statement is not run."""
+
+    def __init__(self, *, batch_id: Any, outcome: str) -> None:
+        self.batch_key = _db(batch_id)
+        self.counter = _FOLDABLE[JobState(outcome)]
+        self.folded = False
+
+    def __call__(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if self.folded:
+            return execute(sql, params, many, context)
+        quote = connection.ops.quote_name
+        head = f"UPDATE {quote(Job._meta.db_table)} SET "
+        assignments, where, fence = sql.partition(" WHERE ")
+        if many or not sql.startswith(head) or not where or "%%" in sql:
+            raise _NotFoldable(sql[:80])
+        # Django's placeholders are %s (a literal % is %%, refused above); the SET's come first.
+        setting = assignments.count("%s")
+        states = batch_sources("member_ended")
+        folded = _FOLDED.format(
+            jobs=quote(Job._meta.db_table),
+            batches=quote(Batch._meta.db_table),
+            fence=fence,
+            id=quote("id"),
+            state=quote("state"),
+            pending=quote("pending"),
+            children_pending=quote("children_pending"),
+            counter=quote(self.counter),
+            states=", ".join(["%s"] * len(states)),
+            # Django writes a WHERE of several terms in parentheses: one more AND binds to all.
+            update=sql,
+        )
+        self.folded = True
+        params = list(params)
+        arguments = [*params[setting:], self.batch_key, *states, *params]
+        return execute(folded, arguments, many, context)
 
 
 def moves_batch(outcome: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """The decorated finish write (keyword `job_id`; a truthy return when it ended the job)
-    runs in one transaction with its member's batch counters (member_ended)."""
+    moves its member's batch counters in the same transaction (member_ended).
+
+    A job in no batch (as its claim in this process read) is its write alone. A member's
+    success, on PostgreSQL, is one statement with the counter move (_FOLDED), unless it ends
+    the batch; every other finish is a transaction of the write and member_ended."""
 
     def wrap(write: Callable[P, R]) -> Callable[P, R]:
         @functools.wraps(write)
         def finish(*args: P.args, **kwargs: P.kwargs) -> R:
-            if _in_no_batch(kwargs["job_id"]):
+            job_id = kwargs["job_id"]
+            known, batch_id = _claimed_batch(job_id)
+            if known and batch_id is None:
                 return write(*args, **kwargs)
+            if known and outcome in _FOLDABLE and connection.vendor == "postgresql":
+                folding = _Folding(batch_id=batch_id, outcome=outcome)
+                doomed = connection.needs_rollback
+                try:
+                    with connection.execute_wrapper(folding):
+                        done = write(*args, **kwargs)
+                except _NotFoldable as exc:
+                    # nothing was sent: the caller's transaction is as it was (Django's
+                    # update marked it for rollback when the wrapper raised)
+                    if connection.in_atomic_block:
+                        transaction.set_rollback(doomed)
+                    logger.warning("%s of %s not folded: %s", write.__name__, job_id, exc)
+                else:
+                    if done:
+                        return done
+                # Not written: the batch's end is due (the transaction path settles it), the
+                # batch had ended, or the run lost its claim (the write below says so again).
             with transaction.atomic():
                 done = write(*args, **kwargs)
                 if done:
-                    member_ended(job_id=kwargs["job_id"], outcome=outcome)
+                    member_ended(job_id=job_id, outcome=outcome, batch_id=batch_id)
             return done
 
         return finish
