@@ -5,11 +5,12 @@ UPDATE … SET pending = pending - 1 … RETURNING, in the finish's own transact
 cannot drift from the members' states, and the UPDATE's row lock orders the finishes of one
 batch. A member's success that does not end its batch (on PostgreSQL, after this process's
 claim) is one statement, the finish's UPDATE and the counters' (_FOLDED): one transaction, no
-lock held across a round trip. The finish that ends the last member changes the batch's state (guarded by
-jobs.states.BATCH_TRANSITIONS) and inserts the callback's job row in the same transaction,
-with an id derived from the batch and the callback kind: it is written once however often a
-finish is delivered, and it reaches the broker like any job — right after commit (a receiver
-of the batch events in jobs.batches publishes it), else from the outbox by the relay.
+lock held across a round trip. The finish that ends the last member changes the batch's
+state (guarded by jobs.states.BATCH_TRANSITIONS) and inserts the callback's job row in the same
+transaction, with an id derived from the batch and the callback kind: it is written once
+however often a finish is delivered, and it reaches the broker like any job — right after
+commit (a receiver of the batch events in jobs.batches publishes it), else from the outbox by
+the relay.
 """
 
 from __future__ import annotations
