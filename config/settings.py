@@ -284,6 +284,9 @@ BACKLOT: dict[str, Any] = {
     # A schedule's fire time missed while no beat ran: "run_once" (fired once when beat is
     # back) or "skip".
     "SCHEDULE_CATCH_UP": os.environ.get("BACKLOT_SCHEDULE_CATCH_UP", "run_once"),
+    # Workers take each message and record it as theirs in one Redis step (jobs.fetch); "0"
+    # gives kombu's BRPOP and second write back.
+    "ATOMIC_FETCH": os.environ.get("BACKLOT_ATOMIC_FETCH", "0") != "0",
     "REDIS_SENTINELS": REDIS_SENTINELS,
     "REDIS_SENTINEL_MASTER": REDIS_SENTINEL_MASTER,
     "REDIS_SENTINEL_PASSWORD": REDIS_SENTINEL_PASSWORD,

@@ -228,9 +228,10 @@ def held_job_ids(queue: str) -> set[str] | None:
     anywhere in a worker's hands (unacknowledged, prefetched or counting down), read in one
     MULTI; None when that is more than MAX_SCANNED messages or Redis cannot tell.
 
-    A message a consumer popped and has not yet recorded in `unacked` (kombu's BRPOP and its
-    unacked write are two round trips) is in neither: one read at that instant over-reports it
-    missing, and its re-sent copy is dropped at claim."""
+    With BACKLOT['ATOMIC_FETCH'] off, a message a consumer popped and has not yet recorded in
+    `unacked` (kombu's BRPOP and its unacked write are two round trips) is in neither: one read
+    at that instant over-reports it missing, and its re-sent copy is dropped at claim (with it
+    on, jobs.fetch pops and records a message in one step)."""
     connection: Any
     try:
         # The broker's own Redis (its URL, database, key prefix, Sentinel), which need not be

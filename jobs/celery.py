@@ -30,6 +30,7 @@ from celery.schedules import crontab
 from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
+from . import fetch
 from .conf import backlot_settings
 from .redis import broker_transport_options, broker_url
 
@@ -58,6 +59,7 @@ def configure(app: Celery) -> None:
     worker starts; an ``REMAP_SIGTERM`` already in the environment is kept.
     """
     billiard.common.REMAP_SIGTERM = os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
+    fetch.ring_bells()  # each task message rings its queue's bell (jobs.fetch)
     if app.configured:  # type: ignore[attr-defined]  # celery-types does not declare it
         _apply(app.conf)
     else:

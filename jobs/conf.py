@@ -96,6 +96,9 @@ class BacklotSettings:
     # The URL name of the job status route (JobHandle.status_url): the jobs API router mounted
     # on a NinjaAPI with urls_namespace="api-1" (ninja's own default is "api-<version>").
     STATUS_URL_NAME: str = "api-1:job_status"
+    # Workers take each message from Redis and record it as theirs in one Lua script (jobs.fetch),
+    # waking on per-queue doorbells, instead of kombu's BRPOP and a second write.
+    ATOMIC_FETCH: bool = False
     # Redis' redelivery timeout for unacknowledged messages (read from the broker options).
     VISIBILITY_TIMEOUT: int = field(default=DEFAULT_VISIBILITY_TIMEOUT)
 
@@ -121,6 +124,8 @@ def _coerce(name: str, value: Any) -> Any:
         if kind == "float" and not isinstance(value, bool):
             return float(value)
         if kind == "str" and isinstance(value, str):
+            return value
+        if kind == "bool" and isinstance(value, bool):
             return value
     except (TypeError, ValueError):
         pass

@@ -13,8 +13,9 @@ lost host strands concurrency x prefetch jobs per worker that long. Here:
   that id and a sequence number, whose `backlot:worker:<holder>` key a thread of the process
   keeps alive (TTL HEARTBEAT_TTL, every HEARTBEAT_EVERY seconds) while the channel is open;
 - each holder (ReservingQoS) records the messages it takes in `backlot:reserved` (delivery tag
-  → holder) in the MULTI/EXEC that puts them in `unacked`, and drops the record in the one
-  that acknowledges or requeues them: the record and the unacked entry come and go together;
+  → holder) in the MULTI/EXEC that puts them in `unacked` (or jobs.fetch's atomic fetch writes
+  both in the script that pops the message), and drops the record in the one that acknowledges
+  or requeues them: the record and the unacked entry come and go together;
 - once a holder's heartbeat is gone, jobs.restore moves what it held back to its queue.
 
 A prefetched job runs once, on the next worker that takes it (the ledger's claim).
@@ -48,6 +49,10 @@ HEARTBEAT = "backlot:worker:"
 # because their job was running or finished (counts; for /metrics).
 RESTORED = "backlot:metrics:reservations_restored"
 DROPPED = "backlot:metrics:reservations_dropped"
+# A queue's doorbell (jobs.fetch): a token pushed with each of its task messages, which a
+# consumer waiting for one pops; at most BELL_CAP wait (they carry nothing).
+BELL = "backlot:bell:"
+BELL_CAP = 100
 # A worker whose heartbeat is this old is dead. Refreshed every HEARTBEAT_EVERY s: five missed
 # refreshes in a row (a main process stalled that long is frozen, not busy) before its
 # messages go back; with the relay's 1 s sweep, they run again about 16 s after the death.
@@ -70,8 +75,17 @@ class ReservingQoS(kombu_redis.QoS):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.owner = heartbeat.register(self)
+        self._fetched: str | None = None
+
+    def fetched(self, delivery_tag: str) -> None:
+        """The message about to be delivered is in `unacked` and recorded as this holder's
+        already (jobs.fetch took it in one step): its append is in memory only."""
+        self._fetched = delivery_tag
 
     def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag == self._fetched:
+            self._fetched = None
+            return virtual.QoS.append(self, message, delivery_tag)
         if self.owner is None:
             return super().append(message, delivery_tag)
         delivery = message.delivery_info

@@ -22,8 +22,18 @@ import redis
 from celery import current_app
 from kombu.utils.json import dumps, loads
 
+from .conf import backlot_settings
 from .redis import redis_client
-from .reservations import DROPPED, HEARTBEAT, OWNERS, RESTORED, WORKERS, plain_client
+from .reservations import (
+    BELL,
+    BELL_CAP,
+    DROPPED,
+    HEARTBEAT,
+    OWNERS,
+    RESTORED,
+    WORKERS,
+    plain_client,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,20 +45,25 @@ FULL_PASS_EVERY = 60
 # Messages moved per Lua call: keeps one script well under a millisecond of Redis' time.
 RESTORE_BATCH = 200
 
-# KEYS: unacked, unacked_index, OWNERS, the worker's heartbeat; ARGV: worker id, then
-# (delivery tag, destination list, message) per message. Each message still unacknowledged and
-# still the worker's moves to the head of its list (RPUSH: kombu pops from the right); an empty
-# destination drops the message instead (DROP), or only its record once the message is gone
-# (STALE). Nothing when the heartbeat is back. Returns {moved, dropped}.
+# KEYS: unacked, unacked_index, OWNERS, the worker's heartbeat; ARGV: worker id, the bells'
+# cap, then (delivery tag, destination list, message, the queue's bell) per message. Each
+# message still unacknowledged and still the worker's moves to the head of its list (RPUSH:
+# kombu pops from the right) and rings its queue's bell (jobs.fetch); an empty destination drops
+# the message instead (DROP), or only its record once the message is gone (STALE). Nothing
+# when the heartbeat is back. Returns {moved, dropped}.
 _RESTORE_LUA = """
 if redis.call('EXISTS', KEYS[4]) == 1 then return {-1, 0} end
 local moved, dropped, done = 0, 0, {}
-for i = 2, #ARGV, 3 do
-    local tag, dest, payload = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+for i = 3, #ARGV, 4 do
+    local tag, dest, payload, bell = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3]
     if redis.call('HGET', KEYS[3], tag) == ARGV[1] then
         local held = redis.call('HEXISTS', KEYS[1], tag) == 1
         if dest ~= '' and held then
             redis.call('RPUSH', dest, payload)
+            if bell ~= '' then
+                redis.call('LPUSH', bell, 1)
+                redis.call('LTRIM', bell, 0, tonumber(ARGV[2]) - 1)
+            end
             if not done[tag] then moved = moved + 1 end
             done[tag] = true
         elseif dest == '' and payload == 'drop' and held then
@@ -66,7 +81,7 @@ for tag in pairs(done) do
 end
 return {moved, dropped}
 """
-_STALE, _DROP = ["", ""], ["", "drop"]
+_STALE, _DROP = ["", "", ""], ["", "drop", ""]
 # KEYS: unacked, OWNERS; ARGV: holder, then delivery tags: forget each record still the
 # holder's whose message is no longer unacknowledged.
 _FORGET_LUA = """
@@ -143,7 +158,7 @@ def _restore_worker(
         }
         ids = {tag: _job_id(stored[0]) for tag, stored in messages.items()}
         duplicates = settled([i for i in ids.values() if i]) if settled is not None else set()
-        argv: list[str] = [worker]
+        argv: list[str] = [worker, str(BELL_CAP)]
         for tag in batch:
             if tag not in messages:
                 argv += [tag, *_STALE]  # acknowledged: only the record is left
@@ -170,8 +185,9 @@ def _restore_worker(
 def _restoring(
     channel: Any, prefix: str, tag: str, payload: Any, exchange: str, routing_key: str
 ) -> list[str]:
-    """(tag, list, message) of a message going back to its queue, as kombu's
-    _do_restore_message writes it (marked redelivered, in the list of its priority)."""
+    """(tag, list, message, bell) of a message going back to its queue, as kombu's
+    _do_restore_message writes it (marked redelivered, in the list of its priority); the bell
+    of its queue, rung with it (jobs.fetch)."""
     try:
         payload["headers"]["redelivered"] = True
         payload["properties"]["delivery_info"]["redelivered"] = True
@@ -180,7 +196,9 @@ def _restoring(
     priority = channel._get_message_priority(payload, reverse=False)
     argv: list[str] = []
     for queue in channel._lookup(exchange, routing_key):
-        argv += [tag, f"{prefix}{channel._q_for_pri(queue, priority)}", dumps(payload)]
+        destination = f"{prefix}{channel._q_for_pri(queue, priority)}"
+        bell = f"{prefix}{BELL}{queue}" if backlot_settings().ATOMIC_FETCH else ""
+        argv += [tag, destination, dumps(payload), bell]
     return argv
 
 

@@ -1,6 +1,7 @@
 """Worker and publisher hooks: database connections live across jobs the way they live
 across requests, Backlot's messages carry no field twice, and a worker's main process records
-what it takes from Redis and keeps a heartbeat (jobs.reservations)."""
+what it takes from Redis, in the same step as it takes it, and keeps a heartbeat
+(jobs.reservations, jobs.fetch)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from celery import current_app
 from celery.signals import before_task_publish, task_prerun, worker_init, worker_ready
 from django.db import close_old_connections
 
-from . import reservations
+from . import fetch, reservations
 from .broker import slim_message
 from .task import PlatformTask
 
@@ -42,6 +43,7 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
     timeout)."""
     if sender is not None:
         reservations.install(node=sender.hostname, app=sender.app)
+        fetch.install()  # ... and takes each in one step with its record (jobs.fetch)
 
 
 @worker_ready.connect

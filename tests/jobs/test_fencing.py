@@ -427,51 +427,130 @@ def test_a_run_past_its_deadline_is_lost_without_asking_the_database(queued_job:
 
 
 # --- the lost message (issue 17, item 3) ---------------------------------------------------
-def _blocked_in_brpop() -> int:
-    """Redis clients blocked in BRPOP (only this test's workers use this Redis's queues)."""
-    listing = redis_client().client_list()
-    return sum(1 for client in listing if client.get("cmd") == "brpop" and "b" in client["flags"])
+def _held_back(pid: int) -> str | None:
+    """The command a client of process `pid` sent and Redis holds back (CLIENT PAUSE WRITE
+    postpones the fetch script and the BRPOP on the bells): "evalsha", "brpop" or None."""
+    from tests.support.redis_clients import clients_of
+
+    for client in clients_of(pid):
+        if client.get("cmd") in ("evalsha", "brpop") and "b" in client["flags"]:
+            return str(client["cmd"])
+    return None
+
+
+def _stop_with_its_fetch_sent(worker: FencingWorker) -> None:
+    """Stop the worker's main process right after it sent the fetch, with Redis paused for
+    writes (the fetch waits in Redis unrun): the caller unpauses, Redis runs the fetch and its
+    reply waits in the stopped worker's socket. The worker is stopped when this is called, a
+    message and its bell published."""
+    client, pid = redis_client(), worker.process.pid
+    for _ in range(3):
+        os.kill(pid, signal.SIGCONT)
+        sent = wait_until(lambda: _held_back(pid), timeout=20, what="the consumer's next call")
+        os.kill(pid, signal.SIGSTOP)
+        if sent == "evalsha":
+            return
+        # it was about to wait for a bell: let that BRPOP run (its reply, a bell or the 1 s
+        # timeout, waits in the stopped worker's socket); then the next call is the fetch
+        client.client_unpause()
+        wait_until(lambda: _held_back(pid) is None, timeout=10, what="the bell wait to end")
+        client.client_pause(60_000, all=False)
+    raise AssertionError("the worker never sent its fetch")
 
 
 def _held_anywhere(job_id: str) -> bool:
     """Whether Redis holds a message of the job: waiting in a list, or taken and unacked."""
+    return _in_lists(job_id) or _unacked_tag(job_id) is not None
+
+
+def _in_lists(job_id: str) -> bool:
     from jobs.broker import queue_keys
 
     client = redis_client()
-    raws = [raw for key in queue_keys("reports") for raw in client.lrange(key, 0, -1)]
-    raws += list(client.hvals("unacked"))
-    return any(job_id.encode() in raw for raw in raws)
+    return any(
+        job_id.encode() in raw for key in queue_keys("reports") for raw in client.lrange(key, 0, -1)
+    )
 
 
-def test_a_message_popped_by_a_worker_killed_before_it_recorded_it_is_lost_and_resent(
-    fencing_worker: Callable[..., FencingWorker], unique: str
+def _unacked_tag(job_id: str) -> str | None:
+    """The delivery tag under which `unacked` holds the job's message, if it does."""
+    for tag, stored in redis_client().hgetall("unacked").items():
+        if job_id.encode() in stored:
+            return redis_text(tag)
+    return None
+
+
+def test_a_worker_killed_between_its_fetch_and_the_delivery_loses_no_message(
+    fencing_worker: Callable[..., FencingWorker], unique: str, settings: Any
 ) -> None:
-    # given: an idle worker whose consumer waits in BRPOP, stopped (its main process only)
-    taker = fencing_worker("lost-a")
-    wait_until(lambda: _blocked_in_brpop() >= 1, timeout=30, what="the consumer's BRPOP")
-    os.kill(taker.process.pid, signal.SIGSTOP)
+    from jobs.reservations import OWNERS, RESTORED
 
-    # when: a job is published: Redis pops it for the waiting BRPOP at once, but the stopped
-    # consumer cannot write it into `unacked`; then the worker is killed (kill -9, a lost host)
+    settings.BACKLOT = {**settings.BACKLOT, "ATOMIC_FETCH": True}  # jobs.fetch, and its bells
+    # given: an idle worker, stopped, and a job published (its bell wakes the stopped
+    # consumer's BRPOP); Redis then holds back every write (CLIENT PAUSE WRITE)
+    taker = fencing_worker("lost-a", BACKLOT_ATOMIC_FETCH="1")
+    os.kill(taker.process.pid, signal.SIGSTOP)
     handle = fencing_jobs.noted.enqueue(unique)
-    wait_until(lambda: not _held_anywhere(handle.id), timeout=10, what="Redis to hand it over")
+    client = redis_client()
+    client.client_pause(60_000, all=False)
+    try:
+        # when: the worker, woken, sends its fetch and is stopped; Redis runs the fetch (the
+        # message moves from its list to `unacked`, recorded as the worker's) and its reply
+        # waits in the stopped worker's socket: the moment between the fetch and the delivery
+        _stop_with_its_fetch_sent(taker)
+    finally:
+        client.client_unpause()
+    tag = wait_until(lambda: _unacked_tag(handle.id), timeout=10, what="the fetch to run")
     taker.signal_all(signal.SIGKILL)
     taker.process.wait(timeout=10)
     lost_at = time.monotonic()
 
-    # then: the message is gone from Redis (no list, no unacked), the ledger says published
-    assert not _held_anywhere(handle.id)
+    # then: the message is in `unacked`, with its holder, not in any list
+    assert not _in_lists(handle.id)
+    assert redis_text(client.hget(OWNERS, tag) or b"").startswith(taker.name)
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.QUEUED and job.published_at is not None
-    # and with another worker busy (a long job keeps `unacked` non-empty, so the queue never
-    # looks idle), the relay finds the job's message missing and sends it again
+    # and with another worker busy (a long job keeps `unacked` non-empty), the relay gives it
+    # back once the dead worker's heartbeat lapsed (15 s), and it runs once
     busy = fencing_worker("lost-b", concurrency=2)
     fencing_jobs.sleeps.enqueue(f"{unique}:busy", 120)
     wait_until(lambda: marks(f"{unique}:busy"), timeout=30, what="the long job to start")
+    relay_until(lambda: marks(unique), timeout=90, what="the job to run")
+    recovered = time.monotonic() - lost_at
+    assert Job.objects.get(id=handle.id).state == JobState.SUCCEEDED
+    assert len(marks(unique)) == 1
+    assert int(client.get(RESTORED) or 0) == 1  # restore_lost brought it back
+    assert int(client.get(MISSING_RESENT) or 0) == 0  # not the relay's re-send
+    assert recovered < 45, recovered  # the heartbeat's 15 s, the sweep, a loaded machine
+    print(f"\nfetched message restored and run {recovered:.1f}s after the kill")
+    busy.signal_all(signal.SIGKILL)
+
+
+def test_a_message_redis_lost_is_sent_again_by_the_relay(
+    fencing_worker: Callable[..., FencingWorker], unique: str
+) -> None:
+    # given: a job published to a queue no worker consumes yet, whose message is then removed
+    # by hand (what a failover to a replica that missed it, or a flush, does)
+    handle = fencing_jobs.noted.enqueue(unique)
+    client = redis_client()
+    from jobs.broker import queue_keys
+
+    removed = 0
+    for key in queue_keys("reports"):
+        for raw in client.lrange(key, 0, -1):
+            if handle.id.encode() in raw:
+                removed += int(client.lrem(key, 0, redis_text(raw)))
+    assert removed == 1 and not _held_anywhere(handle.id)
+    lost_at = time.monotonic()
+    # when: a worker starts on the queue, busy with a long job (`unacked` is never empty)
+    busy = fencing_worker("resend", concurrency=2)
+    fencing_jobs.sleeps.enqueue(f"{unique}:busy", 120)
+    wait_until(lambda: marks(f"{unique}:busy"), timeout=30, what="the long job to start")
+    # then: the relay finds the job's message missing and sends it again; it runs once
     relay_until(lambda: marks(unique), timeout=90, what="the lost job to run")
     recovered = time.monotonic() - lost_at
     assert Job.objects.get(id=handle.id).state == JobState.SUCCEEDED
     assert recovered < 30, recovered  # MISSING_AFTER (10 s) after its publish, plus a run
-    assert int(redis_client().get(MISSING_RESENT) or 0) == 1
-    print(f"\nlost message re-sent and run {recovered:.1f}s after the loss")
+    assert int(client.get(MISSING_RESENT) or 0) == 1
+    print(f"\nlost message re-sent and run {recovered:.1f}s after its removal")
     busy.signal_all(signal.SIGKILL)
