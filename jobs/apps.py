@@ -10,8 +10,18 @@ class JobsConfig(AppConfig):
         # Imported here, not at module level: they need the app registry (models).
         # cancellation: wraps the workers' revoke command so a revoke lands in the ledger;
         # pausing: the workers' pause hooks and their sync command; batches: publishes a
-        # batch's callback job right after the finish that fired it.
-        from . import batches, cancellation, checks, errors, pausing, signals, telemetry  # noqa: F401
+        # batch's callback job right after the finish that fired it; timers: a worker's event
+        # loop drops its cancelled time-limit timers.
+        from . import (  # noqa: F401
+            batches,
+            cancellation,
+            checks,
+            errors,
+            pausing,
+            signals,
+            telemetry,
+            timers,
+        )
 
         telemetry.connect()
         errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised
