@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from celery import shared_task
+from celery import Task, shared_task
 
 from .policies import DEFAULT_POLICY, RetryPolicy
 from .ratelimit import parse_rate
@@ -125,12 +126,13 @@ def job(
 
     if not track:
         celery_options.setdefault("ignore_result", True)
+    base = platform_base(celery_options.pop("base", None))
 
     def decorate(func: Callable[..., Any]) -> PlatformTask:
         # celery-types' overloads want name: str and int time limits; Celery takes None (a
         # generated name) and float seconds. (misc: mypy's "too many unions" on that failure.)
         return shared_task(  # type: ignore[call-overload,misc]
-            base=PlatformTask,
+            base=base,
             name=name,
             bind=bind,
             queue_name=queue,
@@ -152,6 +154,26 @@ def job(
         )(func)
 
     return decorate(fn) if fn is not None else decorate
+
+
+@functools.cache
+def platform_base(base: type | None) -> type[PlatformTask]:
+    """The task class behind a @job: PlatformTask, or for Celery's ``base=`` (a Task subclass
+    a team's Celery tasks share) that class mixed in under PlatformTask, so the job keeps the
+    base's methods and hooks (on_success, on_replace...) and PlatformTask's ledger-backed
+    apply_async, retry() and run come first, calling the base's through super()."""
+    if base is None or base is PlatformTask:
+        return PlatformTask
+    if not (isinstance(base, type) and issubclass(base, Task)):
+        raise TypeError(f"@job(base=...) takes a subclass of celery.Task, got {base!r}")
+    if issubclass(base, PlatformTask):
+        return base
+    mixed: type[PlatformTask] = type(
+        f"Platform{base.__name__}",
+        (PlatformTask, base),
+        {"__module__": base.__module__, "__doc__": base.__doc__},
+    )
+    return mixed
 
 
 def check_concurrency(concurrency: int | Mapping[str, int] | None) -> None:

@@ -102,28 +102,42 @@ def _join_batch(job: Job, task: Enqueueable) -> context.JoiningBatch | None:
     return joining
 
 
-def _insert(job: Job, *, replacing: bool) -> bool:
+# What _insert did with a job sent under a given id (see there).
+INSERTED, REFUSED, REVOKED = "inserted", "refused", "revoked"
+
+
+def _insert(job: Job, *, replacing: bool) -> str:
     """Insert the job's row (one INSERT is atomic on its own: no BEGIN/COMMIT round trip).
 
     A job sent with a given id may be the task that Celery's Task.replace() froze with the id
-    of the job it replaces: it takes that job's row over (jobs.ledger.replace). False when
+    of the job it replaces: it takes that job's row over (jobs.ledger.replace). REFUSED when
     that job was cancelled meanwhile: the replacement is not sent, as a cancelled job's
-    children are not."""
+    children are not. REVOKED when the id is a cancelled job's (a frozen signature sent again
+    in another canvas): as a revoked id in Celery, its message is sent and discarded by the
+    worker, and the row stays cancelled. The id of a job that is still active or ran to its
+    end is refused with a ValueError naming it (one id, one job)."""
     if not replacing:
         ledger.insert(job)
-        return True
+        return INSERTED
     in_transaction = transaction.get_connection().in_atomic_block
     try:
         # a failed INSERT inside the caller's transaction must not break it: a savepoint then
         with transaction.atomic() if in_transaction else nullcontext():
             ledger.insert(job)
-        return True
+        return INSERTED
     except IntegrityError:
         if ledger.take_over(job):
-            return True
-        if Job.objects.filter(id=job.id, state=JobState.CANCELLED, error=ledger.REPLACED).exists():
-            return False
-        raise
+            return INSERTED
+        held = Job.objects.filter(id=job.id).values_list("state", "error", "task_name").first()
+        if held is None:
+            raise
+        state, error, task_name = held
+        if state == JobState.CANCELLED:
+            return REFUSED if error == ledger.REPLACED else REVOKED
+        raise ValueError(
+            f"task_id {job.id} is already the id of a {state} job of {task_name}: a job id "
+            "names one job; send this one without task_id (a new id)"
+        ) from None
 
 
 def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
@@ -210,8 +224,17 @@ def enqueue(
         holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
         if holder is not None:  # not a new member: the job that holds the key is another's
             return JobHandle(id=str(holder.id), task_name=task.name, created=False)
-    elif not _insert(job, replacing=task_id is not None):
-        return JobHandle(id=str(job.id), task_name=task.name)  # its replaced job was cancelled
+    else:
+        inserted = _insert(job, replacing=task_id is not None)
+        if inserted == REFUSED:  # its replaced job was cancelled
+            return JobHandle(id=str(job.id), task_name=task.name)
+        if inserted == REVOKED:  # sent for the worker to discard, as Celery's revoked ids
+
+            def resend_revoked() -> None:
+                publish_job(job=job, task=task, options=publish_options, mark_published=False)
+
+            _on_commit_or_now(on_commit, resend_revoked)
+            return JobHandle(id=str(job.id), task_name=task.name, created=False)
     if joining is not None:
         joining.added += 1
     publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN

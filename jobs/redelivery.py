@@ -10,7 +10,6 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from . import tracing
-from .broker import backlot_priority
 from .enqueue import Enqueueable, publish_job
 from .models import Job
 
@@ -52,8 +51,10 @@ class Runnable(Enqueueable, Protocol):
 
 
 def request_priority(task: Runnable) -> int:
-    broker = (task.request.delivery_info or {}).get("priority")
-    return backlot_priority(broker) if isinstance(broker, int) else task.default_priority
+    """The delivery's priority on Backlot's 0-9 scale (PlatformRequest puts it there, in
+    ``request.delivery_info['priority']``, where a Celery task reads its own), else the task's."""
+    priority = (task.request.delivery_info or {}).get("priority")
+    return max(0, min(9, priority)) if isinstance(priority, int) else task.default_priority
 
 
 def request_queue(task: Runnable) -> str:

@@ -17,6 +17,7 @@ from celery.worker.state import task_ready
 from django.db import close_old_connections
 
 from . import events, execution, ledger, outcomes
+from .broker import backlot_priority
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
@@ -33,12 +34,17 @@ class PlatformRequest(Request):
     # Set by celery.worker.request.Request but missing from celery-types' stub.
     _task: Task[Any, Any]
     _request_dict: dict[str, Any]
+    _delivery_info: dict[str, Any]
     _context: Context
     _already_cancelled: bool
     _already_revoked: bool
 
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
+        # The task reads the priority it was sent with on Backlot's 0-9 scale, 9 first, as a
+        # Celery task reads the number its caller gave (Redis' levels run the other way).
+        if isinstance(level := self._delivery_info.get("priority"), int):
+            self._delivery_info["priority"] = backlot_priority(level)
         request = self._request_dict
         tracked = getattr(self._task, "track", False)
         # ignore_result asked by the call (the header; Backlot's slimming drops it when False),

@@ -68,7 +68,53 @@ def _revoked_meta(job: Any) -> dict[str, Any]:
     }
 
 
+def _outcome_in_ledger(app: Any, request: Any) -> bool:
+    """A tracked job whose own outcome Backlot keeps in its ledger row instead of here
+    (PlatformRequest asks Celery to ignore its result), not one whose caller asked that."""
+    from .task import PlatformTask  # the backend is built before Django's apps are ready
+
+    if request is None or not getattr(request, "ignore_result", False):
+        return False
+    if getattr(request, "backlot_discard_result", False):
+        return False  # the call's own ignore_result: Celery's semantics, nothing stored
+    task = app.tasks.get(getattr(request, "task", None) or "")
+    return isinstance(task, PlatformTask) and task.track
+
+
 class LedgerResultBackend(DatabaseBackend):
+    def mark_as_failure(
+        self,
+        task_id: str,
+        exc: Any,
+        traceback: Any = None,
+        request: Any = None,
+        store_result: bool = True,
+        call_errbacks: bool = True,
+        state: str = states.FAILURE,
+    ) -> None:
+        """As Celery's, for a tracked job whose failure is in its ledger row: the tasks chained
+        after it are failed with it all the same (their results are stored here, and a chord a
+        later one belongs to is told), as Celery does for a task that stores its errors; else
+        a chord waiting on the chain's end would wait for ever."""
+        if store_result or not _outcome_in_ledger(self.app, request):
+            return super().mark_as_failure(
+                task_id,
+                exc,
+                traceback,
+                request,
+                store_result=store_result,
+                call_errbacks=call_errbacks,
+                state=state,
+            )
+        if request.chord:
+            self.on_chord_part_return(request, state, exc)
+        self._fail_chain(
+            getattr(request, "chain", None), exc, traceback, store_result=True, state=state
+        )
+        if call_errbacks and request.errbacks:
+            self._call_task_errbacks(request, exc, traceback)
+        return None
+
     def _get_task_meta_for(self, task_id: str) -> dict[str, Any]:
         meta: dict[str, Any] = super()._get_task_meta_for(task_id)
         if meta.get("status") != states.PENDING:

@@ -24,7 +24,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from . import events, ledger, tracing
-from .broker import backlot_priority, publish
+from .broker import publish
 from .concurrency import PARKED, RESENDS, Gate, Gates, Released, count, horizon_for
 from .conf import backlot_settings
 from .ratelimit import parse_rate
@@ -61,9 +61,10 @@ def _request_queue(task: Any) -> str:
 
 
 def _request_priority(task: Any) -> int:
-    broker_priority = (task.request.delivery_info or {}).get("priority")
-    if isinstance(broker_priority, int):
-        return backlot_priority(broker_priority)
+    # Backlot's 0-9 already: PlatformRequest maps the broker's level back (jobs.request).
+    priority = (task.request.delivery_info or {}).get("priority")
+    if isinstance(priority, int):
+        return max(0, min(9, priority))
     return int(task.default_priority)
 
 

@@ -67,7 +67,8 @@ class Enqueuer(Generic[P, R]):
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def enqueue(self, *args: P.args, **kwargs: P.kwargs) -> JobHandle:
-        return enqueuing.enqueue(task=self.task, args=args, kwargs=kwargs, **self.options)
+        call_args, call_kwargs = self.task.serializable_arguments(args, kwargs)
+        return enqueuing.enqueue(task=self.task, args=call_args, kwargs=call_kwargs, **self.options)
 
 
 class PlatformTask(CeleryTaskAPI[P, R]):
@@ -127,7 +128,18 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         Enqueue options belong in using(); passed here by name they still apply (untyped).
         """
         options: dict[str, Any] = {key: kwargs.pop(key) for key in ENQUEUE_OPTIONS & kwargs.keys()}
-        return enqueuing.enqueue(task=self, args=args, kwargs=kwargs, **options)
+        call_args, call_kwargs = self.serializable_arguments(args, kwargs)
+        return enqueuing.enqueue(task=self, args=call_args, kwargs=call_kwargs, **options)
+
+    def serializable_arguments(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """The arguments as they will be serialized: a ``pydantic=True`` task's models dumped
+        the way Celery's apply_async dumps them (so the ledger row, the payload check and the
+        message hold the same JSON), any other argument as it is."""
+        dump = getattr(self, "_dump_pydantic_arguments", None)
+        if dump is None:
+            return args, kwargs
+        dumped: tuple[Any, Any] = dump(args, kwargs)
+        return dumped
 
     def apply_async(
         self,
@@ -169,6 +181,8 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         if hard is not None and soft > hard:
             raise ValueError(f"soft_time_limit ({soft}) exceeds time_limit ({hard})")
         priority = options.get("priority")
+        if options.get("serializer") != "pickle":  # refused by the payload check anyway
+            args, kwargs = self.serializable_arguments(args, kwargs)
         with self._sent_from_worker():
             handle = enqueuing.enqueue(
                 task=self,
@@ -194,7 +208,8 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         a link callback are sent after that member's run returned, outside jobs.context's
         running job: they are still its children, and belong to its owner."""
         current = self.app.current_worker_task
-        job_id = getattr(getattr(current, "request", None), "id", None)
+        request = getattr(current, "request", None)
+        job_id = getattr(request, "id", None)
         if (
             context.running_job() is not None
             or not isinstance(current, PlatformTask)
@@ -202,8 +217,12 @@ class PlatformTask(CeleryTaskAPI[P, R]):
             or not job_id
         ):
             return nullcontext()
-        owner_id = Job.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
-        return context.running(str(job_id), owner_id)
+        # Read once per run: a chord of 1,000 members sent after it asks for each of them.
+        known = getattr(request, "_backlot_owner", None)
+        if known is None or known[0] != job_id:
+            owner_id = Job.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
+            known = request._backlot_owner = (job_id, owner_id)  # type: ignore[union-attr]
+        return context.running(str(job_id), known[1])
 
     # --- worker's side -----------------------------------------------------------------
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:

@@ -34,7 +34,6 @@ from typing import Any
 from celery import current_app
 from celery.exceptions import Ignore, Reject, Retry
 
-from .broker import broker_priority
 from .enqueue import JobHandle
 from .models import Job
 from .registry import task_by_name
@@ -73,7 +72,7 @@ def run_job(handle: JobHandle | str) -> Job:
         called_directly=False,
         is_eager=False,
         retries=max(0, job.attempts),
-        delivery_info={"routing_key": job.queue, "priority": broker_priority(job.priority)},
+        delivery_info={"routing_key": job.queue, "priority": job.priority},
         args=list(job.args),
         kwargs=dict(job.kwargs),
     )

@@ -17,8 +17,10 @@ from celery.exceptions import ChordError, MaxRetriesExceededError, Reject, TaskR
 from celery.result import AsyncResult, GroupResult
 from django.utils import timezone
 
-from jobs.broker import broker_priority
+from jobs.decorators import job
+from jobs.exceptions import InvalidPayload
 from jobs.models import DeadLetter, Job, JobState
+from jobs.task import PlatformTask
 from tests.conftest import wait_until
 from tests.support import celery_tasks as ct
 
@@ -90,7 +92,7 @@ def test_retry_keeps_priority_and_headers_and_takes_new_args_and_options(worker)
     seen = result.get(timeout=TIMEOUT)
     assert seen["retries"] == 1 and seen["foo"] == 2  # self.retry(args=(foo + 1,))
     assert seen["headers"]["x-test-header"] == "kept"
-    assert seen["priority"] == broker_priority(7)  # the retried message's priority
+    assert seen["priority"] == 7  # the retried message's, on Backlot's scale as it was asked
     assert seen["queue"] == "emails"  # self.retry(queue="emails")
     job = Job.objects.get(id=result.id)
     assert job.args == [2] and job.priority == 7
@@ -304,6 +306,26 @@ def test_the_errback_of_a_chord_in_a_chain_runs_when_a_member_fails(worker, uniq
     assert wait_until(lambda: ct.echoed(unique), what="the chord's errback") == ["errback ran"]
 
 
+def test_a_failure_early_in_a_chain_fails_what_waits_on_the_chains_end(worker):
+    # the tasks chained after a failed job read its failure, as Celery stores it for them
+    plain = chain(ct.fail.si("early"), ct.identity.si(2))
+    # Celery's #9674: the chord waits on the body of the chord the inner chain's group became
+    nested = chain(
+        group(
+            ct.identity.si(1),
+            chain(
+                ct.fail.si("inner"), group(ct.identity.si(2), ct.identity.si(3)), ct.identity.si(4)
+            ),
+        ),
+        ct.identity.s(),
+    )
+
+    with pytest.raises(ct.ExpectedException):
+        plain.apply_async().get(timeout=TIMEOUT)
+    with pytest.raises((ct.ExpectedException, ChordError)):
+        nested.apply_async().get(timeout=TIMEOUT)
+
+
 # --- g. Task.replace() ------------------------------------------------------------------------
 def test_a_task_replaced_by_a_task_reads_the_replacement(worker):
     result = ct.add_replaced.delay(1, 2)
@@ -446,7 +468,7 @@ def test_a_replay_keeps_queue_priority_time_limits_and_headers(worker, unique):
     replay = dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=first.id))
 
     seen: dict[str, Any] = AsyncResult(replay.id).get(timeout=TIMEOUT)
-    assert seen["queue"] == "emails" and seen["priority"] == broker_priority(8)
+    assert seen["queue"] == "emails" and seen["priority"] == 8
     assert seen["time_limit"][0] == 20 and seen["headers"]["x-tenant"] == "t1"
     assert (Job.objects.get(id=replay.id).queue, Job.objects.get(id=replay.id).priority) == (
         "emails",
@@ -454,13 +476,23 @@ def test_a_replay_keeps_queue_priority_time_limits_and_headers(worker, unique):
     )
 
 
+def test_a_task_reads_the_priority_it_was_sent_with(worker):
+    # Backlot's scale (0 lowest .. 9 highest) in apply_async and signatures, as for enqueue;
+    # request.delivery_info['priority'] is that number, as a Celery task reads its caller's
+    sent = ct.return_priority.apply_async(priority=7)
+    default = ct.return_priority.delay()
+
+    assert sent.get(timeout=TIMEOUT) == "Priority: 7"
+    assert default.get(timeout=TIMEOUT) == "Priority: 5"  # @job's default priority
+    assert Job.objects.get(id=sent.id).priority == 7
+
+
 def test_a_chord_callback_and_a_chain_run_at_the_priority_asked(worker):
-    # Backlot's scale (0 lowest .. 9 highest) in apply_async and signatures, as for enqueue
     body = chord([ct.add.si(1, 1), ct.add.si(2, 2)], ct.return_priority.s().set(priority=3))
     chained: Any = ct.return_priority.si().set(priority=3) | ct.return_priority.si().set(priority=7)
 
-    assert body.apply_async().get(timeout=TIMEOUT) == f"Priority: {broker_priority(3)}"
-    assert chained.apply_async().get(timeout=TIMEOUT) == f"Priority: {broker_priority(7)}"
+    assert body.apply_async().get(timeout=TIMEOUT) == "Priority: 3"
+    assert chained.apply_async().get(timeout=TIMEOUT) == "Priority: 7"
 
 
 @pytest.mark.django_db
@@ -495,3 +527,70 @@ def test_a_replaced_row_waits_for_its_replacement_and_nothing_else_sends_or_runs
     job.refresh_from_db()
     assert successor.id == str(job.id)
     assert (job.task_name, job.state, job.attempts) == (ct.add.name, JobState.QUEUED, 0)
+
+
+# --- i. pydantic models, a base class of the team's, a frozen signature sent again ---------------
+def test_pydantic_models_are_sent_as_celery_dumps_them(worker):
+    # a pydantic=True task called with models, as Celery's docs show it
+    sent = ct.add_points.delay(ct.Point(x=2, y=3))
+    by_name = ct.add_points.apply_async(kwargs={"data": ct.Point(x=4, y=4)})
+    enqueued = ct.add_points.enqueue(ct.Point(x=1, y=1))
+
+    # the task gets its model back and its returned model comes back dumped
+    assert sent.get(timeout=TIMEOUT) == {"total": 5}
+    assert by_name.get(timeout=TIMEOUT) == {"total": 8}
+    assert AsyncResult(enqueued.id).get(timeout=TIMEOUT) == {"total": 2}
+    # the ledger row holds what the message carried: the model as JSON
+    assert Job.objects.get(id=sent.id).args == [{"x": 2, "y": 3}]
+    # an argument that is neither JSON nor a model the task takes is still refused, by name
+    with pytest.raises(InvalidPayload, match=r"args\[0\]"):
+        ct.add_points.delay(cast(Any, object()))
+
+
+def test_a_celery_base_class_keeps_its_methods_and_hooks_under_job(worker, unique):
+    assert isinstance(ct.audited_replace, PlatformTask)
+    assert isinstance(ct.audited_replace, ct.AuditedTask)
+
+    result = ct.audited_replace.delay(unique)
+
+    seen = cast(dict[str, Any], result.get(timeout=TIMEOUT))
+    assert ct.echoed(unique) == ["compat.audited_replace: replaced"]  # the base's own method
+    assert seen["stamps"]["replaced_by"] == "audited"  # its on_replace stamped the replacement
+    job = Job.objects.get(id=result.id)
+    assert (job.task_name, job.state) == (ct.request_headers.name, JobState.SUCCEEDED)
+
+
+def test_a_base_that_is_not_a_celery_task_is_refused():
+    with pytest.raises(TypeError, match=r"base=\.\.\.\) takes a subclass of celery.Task"):
+        job(base=dict)(lambda: None)
+
+
+def test_a_frozen_signature_sent_again_after_its_revoke_is_revoked_again(worker, unique):
+    from config.celery import app
+
+    # given: one signature, frozen with one task id, whose stamp is revoked (as Celery's
+    # test_revoked_by_headers_complex_canvas does)
+    stamped = _stamped(ct.sleeping.si(4), unique)
+    frozen = stamped.freeze()
+    app.control.revoke_by_stamped_headers(  # the worker has it once it replies
+        {"monitoring_id": [unique]},  # type: ignore[dict-item]
+        reply=True,
+        timeout=10,
+    )
+
+    # when: it is sent in one canvas after another, then: revoked every time
+    for canvas in (group([stamped]), chain(stamped), chord([ct.add.si(1, 1)], stamped)):
+        with pytest.raises(TaskRevokedError):
+            canvas.apply_async().get(timeout=TIMEOUT)
+    assert frozen.status == states.REVOKED
+    row = Job.objects.get(id=frozen.id)
+    assert (row.state, row.attempts) == (JobState.CANCELLED, 0)
+
+
+def test_the_id_of_a_job_that_ran_is_not_taken_twice(worker):
+    first = ct.add.delay(1, 2)
+    assert first.get(timeout=TIMEOUT) == 3
+
+    with pytest.raises(ValueError, match=f"task_id {first.id} is already the id of a succeeded"):
+        ct.add.apply_async((2, 3), task_id=first.id)
+    assert Job.objects.get(id=first.id).result == 3

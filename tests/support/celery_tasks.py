@@ -6,7 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from celery import Task
+from celery.canvas import StampingVisitor  # type: ignore[attr-defined]  # not in celery-types
 from celery.exceptions import Reject
+from pydantic import BaseModel
 
 from jobs.decorators import job
 from jobs.redis import redis_client
@@ -230,3 +233,41 @@ def limits_once(self: Any, key: str) -> dict[str, Any]:
 @job(name="compat.return_priority", bind=True)
 def return_priority(self: Any, *_args: Any) -> str:
     return f"Priority: {self.request.delivery_info['priority']}"
+
+
+class Point(BaseModel):
+    x: int
+    y: int
+
+
+class Total(BaseModel):
+    total: int
+
+
+@job(name="compat.add_points", pydantic=True)
+def add_points(data: Point) -> Total:
+    """Celery's pydantic=True: the caller passes a model, the task gets one back."""
+    return Total(total=data.x + data.y)
+
+
+class _ReplacedStamp(StampingVisitor):
+    def on_signature(self, sig: Any, **headers: Any) -> dict[str, Any]:
+        return {"replaced_by": "audited"}
+
+
+class AuditedTask(Task):
+    """A Celery base class of the kind teams share between their tasks: a helper of its own and
+    a hook (on_replace stamps the replacing signature, as Celery's test suite's does)."""
+
+    def audit(self, key: str, what: str) -> None:
+        echo(key, f"{self.name}: {what}")
+
+    def on_replace(self, sig: Any) -> Any:
+        sig.stamp(_ReplacedStamp())
+        return super().on_replace(sig)
+
+
+@job(name="compat.audited_replace", bind=True, base=AuditedTask)
+def audited_replace(self: Any, key: str) -> None:
+    self.audit(key, "replaced")
+    raise self.replace(request_headers.si())
