@@ -3,6 +3,7 @@ idempotency key, many by COPY), published marks, and the relay's resets."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -27,8 +28,31 @@ BULK_BATCH = 1000
 
 # --- enqueue: a new row, queued or scheduled -----------------------------------------------
 def insert(job: Job) -> None:
-    """A new job (queued, or scheduled for later): one INSERT, atomic on its own."""
-    job.save(force_insert=True)
+    """A new job (queued, or scheduled for later): one INSERT, atomic on its own.
+
+    The statement is built once per database and the row's values prepared by each field, as
+    Model.save(force_insert=True) does, without the ORM's per-call query compilation (two
+    thirds of an enqueue's Python work, measured). Job has no pre_save/post_save receivers of
+    the platform's; the documented hook is events.job_enqueued, sent after commit."""
+    fields = _insert_fields()
+    values = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(connection.vendor), values)
+    job._state.adding = False
+    job._state.db = connection.alias
+
+
+@functools.cache
+def _insert_fields() -> tuple[Any, ...]:
+    return tuple(f for f in Job._meta.concrete_fields if not f.generated)
+
+
+@functools.cache
+def _insert_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in _insert_fields())
+    marks = ", ".join(["%s"] * len(_insert_fields()))
+    return f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({marks})"
 
 
 def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> Job | None:
@@ -112,8 +136,31 @@ def insert_many(*, prototype: Job, rows: Sequence[NewRow]) -> None:
 def mark_published(job_ids: Iterable[str | uuid.UUID], *, now: datetime | None = None) -> int:
     """The broker took these jobs' messages: they leave the outbox (state unchanged)."""
     ids = list(job_ids)
-    return Job.objects.filter(id__in=ids, state__in=sources("mark_published")).update(
-        published_at=now or timezone.now()
+    if len(ids) != 1:
+        return Job.objects.filter(id__in=ids, state__in=sources("mark_published")).update(
+            published_at=now or timezone.now()
+        )
+    # One job (every single enqueue): the same UPDATE, built once (see insert()).
+    fields = Job._meta
+    published = fields.get_field("published_at").get_db_prep_save(now or timezone.now(), connection)
+    key = fields.pk.get_db_prep_save(uuid.UUID(str(ids[0])), connection)
+    with connection.cursor() as cursor:
+        cursor.execute(_published_sql(connection.vendor), [published, key, *_published_from()])
+        return int(cursor.rowcount)
+
+
+@functools.cache
+def _published_from() -> tuple[str, ...]:
+    return tuple(sources("mark_published"))
+
+
+@functools.cache
+def _published_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    states = ", ".join(["%s"] * len(_published_from()))
+    return (
+        f"UPDATE {quote(Job._meta.db_table)} SET {quote('published_at')} = %s "
+        f"WHERE {quote('id')} = %s AND {quote('state')} IN ({states})"
     )
 
 
