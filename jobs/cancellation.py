@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -178,13 +179,22 @@ def _revoke(
         ledger.request_cancel(ids)
     except Exception:
         logger.exception("Could not record the revoke of %s jobs in the ledger", len(ids))
-    if terminate:
-        # Celery kills the pool process; the processes it started (ffmpeg) would outlive it as
-        # orphans, so they go first.
-        for request in worker_state.active_requests:
-            if request.id in ids and request.worker_pid:
-                _kill_descendants(int(request.worker_pid))
-    return _celery_revoke(state, task_id, terminate=terminate, signal=signal, **kw)
+    if not terminate:
+        return _celery_revoke(state, task_id, terminate=terminate, signal=signal, **kw)
+    # Celery kills the pool process; the processes it started (ffmpeg) would outlive it as
+    # orphans, so they are killed too, but after it: a job whose child died first could go on
+    # (child.wait() returns) and record itself succeeded before its process is killed.
+    pools = [
+        int(request.worker_pid)
+        for request in worker_state.active_requests
+        if request.id in ids and request.worker_pid
+    ]
+    doomed = [child for pid in pools for child in _descendants(pid)]
+    try:
+        return _celery_revoke(state, task_id, terminate=terminate, signal=signal, **kw)
+    finally:
+        _wait_gone(pools, timeout=1.0)
+        _kill(doomed)
 
 
 # --- a revoke by stamped headers (app.control.revoke_by_stamped_headers) ----------------------
@@ -231,8 +241,8 @@ def _revoke_by_stamped_headers(
     )
 
 
-def _kill_descendants(pid: int) -> None:
-    """SIGKILL every process descended from `pid` (Linux /proc; elsewhere nothing)."""
+def _descendants(pid: int) -> list[int]:
+    """Every process descended from `pid` (Linux /proc; elsewhere none)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -245,9 +255,27 @@ def _kill_descendants(pid: int) -> None:
         child = frontier.pop()
         doomed.append(child)
         frontier.extend(children.get(child, []))
-    for child in doomed:
+    return doomed
+
+
+def _kill(pids: Iterable[int]) -> None:
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(child, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    """Wait (bounded) until each process has ended: gone, or a zombie not yet reaped."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                break  # gone (or no /proc: nothing to wait on)
+            if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                break
+            time.sleep(0.001)
 
 
 Panel.data["revoke"] = _revoke

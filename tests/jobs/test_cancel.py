@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,30 @@ def test_terminate_stops_the_job_and_its_child_processes(worker, unique):
     wait_until(lambda: state_of(handle.id) == JobState.CANCELLED, timeout=10, what="cancelled")
     wait_until(lambda: not _alive(child_pid), timeout=5, what="the child process to be gone")
     assert not DeadLetter.objects.filter(job_id_value=handle.id).exists()
+    # the run was killed before its child: its code never went on past child.wait()
+    assert [value for _, value in marks(unique)] == ["started"]
+
+
+def test_a_terminated_run_never_outlives_its_child_processes(worker, unique):
+    # The job waits on its child (child.wait()): were the child killed before the job's pool
+    # process, the job would go on and could record itself succeeded first (a flake once: the
+    # worker's cancel then changed no row). Several rounds of two at once, to give a wrong
+    # order its chance.
+    for round_ in range(4):
+        keys = [f"{unique}-{round_}-{i}" for i in range(2)]
+        handles = [tasks.terminated.enqueue(key) for key in keys]
+        for key in keys:
+            wait_until(partial(marks, key), timeout=30, what=f"{key} to start")
+        for handle in handles:
+            cancel(handle.id)
+        for handle in handles:
+            wait_until(partial(_cancelled, handle.id), timeout=20, what="cancelled")
+        for key in keys:
+            assert [value for _, value in marks(key)] == ["started"], key
+
+
+def _cancelled(job_id: str) -> bool:
+    return state_of(job_id) == JobState.CANCELLED
 
 
 def _alive(pid: int) -> bool:

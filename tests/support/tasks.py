@@ -176,11 +176,13 @@ def cooperative(self: Any, key: str, seconds: float = 30, children: int = 0) -> 
 
 @job(name="tests.terminated", cancel="terminate", retry=RetryPolicy(max_attempts=1))
 def terminated(key: str) -> None:
-    """Waits on a child process, as a job running ffmpeg does: only terminating it stops it."""
+    """Waits on a child process, as a job running ffmpeg does: only terminating it stops it.
+    Marks "returned" if its code outlives its child (a terminate must kill the run first)."""
     child = subprocess.Popen(["sleep", "60"])
     redis_client().set(f"test:{key}:child", child.pid, ex=120)
     mark(key, "started")
     child.wait()
+    mark(key, "returned")
 
 
 @job(name="tests.total")
