@@ -56,6 +56,8 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             claimed = ledger.claim_delivery(
                 job_id=request.id,
                 lease_seconds=lease_seconds,
+                # the delivery's token (PlatformRequest's): the main process fences with it too
+                lease_owner=getattr(request, outcomes.CLAIM_TOKEN, None),
                 adopt=Job(
                     id=request.id,
                     task_name=task.name,

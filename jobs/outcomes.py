@@ -37,14 +37,26 @@ def count_delivery(outcome: str) -> None:
         logger.debug("Could not count a %s delivery: %s", outcome, exc)
 
 
+# The request key of a delivery's claim token: PlatformRequest draws it (a UUID) in the
+# worker's main process for each message it receives, the request carries it to the pool
+# process, whose claim writes it into the row (Job.lease_owner). Both processes then fence
+# their writes for the run with it: the pool process's (progress, finish, effects) and the
+# main process's (hard time limit, terminated cancel, worker lost, shutdown release).
+CLAIM_TOKEN = "backlot_claim_token"
+
+
 def lease_owner(task: Runnable) -> str | None:
-    """The claim token of the run in this process (None in the worker's main process, whose
-    writes are fenced by the attempt alone)."""
+    """The claim token of this delivery's run: the one its claim wrote (the run's hold, in the
+    pool process), else the one PlatformRequest drew for the delivery (the worker's main
+    process). None for a run outside a worker (run_job, eager), fenced by the attempt alone."""
     hold = getattr(task.request, "_backlot_hold", None)
-    return hold.lease_owner if hold is not None else None
+    if hold is not None:
+        return str(hold.lease_owner) if hold.lease_owner is not None else None
+    token = getattr(task.request, CLAIM_TOKEN, None)
+    return str(token) if token else None
 
 
-def lost(task: Runnable, write: str, attempt: int) -> None:
+def lost(task: Runnable, write: str, attempt: int | None) -> NoReturn:
     """This run's `write` was refused (it lost its claim): logged, counted, and the delivery
     ends without an outcome (raises Ignore: Celery acks; the job's current run decides)."""
     refused(write, job_id_of(task), attempt)
@@ -101,10 +113,7 @@ def released_lost_run(task: Runnable, attempt: int) -> None:
     freed = False
     if task.track and owner is not None:
         try:
-            ledger.release(job_id=job_id, attempt=attempt, lease_owner=owner)
-            freed = Job.objects.filter(
-                id=job_id, state=JobState.QUEUED, attempts=attempt, lease_owner=owner
-            ).exists()
+            freed = ledger.release(job_id=job_id, attempt=attempt, lease_owner=owner) is not None
         except (DatabaseError, InterfaceError) as exc:  # the outage it stopped for: re-queued later
             logger.warning("Job %s: lost run not released (%s)", job_id, type(exc).__name__)
     if freed:
@@ -137,9 +146,12 @@ def give_up(
     run_seconds: float | None = None,
     traceback: str = "",
     fenced: bool = True,
+    owner: str | None = None,
 ) -> None:
     """The job is dead: its ledger row and dead letter (one transaction), the event, and the
-    job's on_dead hook. `fenced`: only the run holding the claim of `attempt` may do it."""
+    job's on_dead hook. `fenced`: only the run holding the claim of `attempt` may do it;
+    `owner` (unfenced): only while the row still carries that claim token (a claim the
+    caller has just released)."""
     dead_letter = ledger.give_up(
         job_id=job_id_of(task),
         defaults=_defaults(task),
@@ -152,9 +164,9 @@ def give_up(
         run_seconds=run_seconds,
         claimed_attempt=attempt if fenced else None,
         tracked=task.track,
-        lease_owner=lease_owner(task) if fenced else None,
+        lease_owner=lease_owner(task) if fenced else owner,
     )
-    if dead_letter is None and fenced and task.track:
+    if dead_letter is None and (fenced or owner is not None) and task.track:
         lost(task, "dead", attempt)
     send_event(
         events.job_dead,
@@ -225,9 +237,20 @@ def call_on_dead(task: Runnable, exc: BaseException, args: Any, kwargs: Any) -> 
 def worker_lost(task: Runnable, exc: BaseException, *, args: Any, kwargs: Any) -> Exception | None:
     """A pool process died running the job: free the claim so the requeued message runs
     again, until it died MAX_WORKER_CRASHES times (a poison pill), when it gives up.
-    Returns the reason it gave up with, or None."""
-    job_id = job_id_of(task)
-    crashes = ledger.release(job_id=job_id, crashed=True)
+    Returns the reason it gave up with, or None. Fenced by the delivery's claim token: a
+    run whose job another run took over (its lease lapsed while its process was stopped)
+    changes nothing (raises Ignore, as every refused write)."""
+    job_id, owner = job_id_of(task), lease_owner(task)
+    crashes = ledger.release(job_id=job_id, crashed=True, lease_owner=owner)
+    if crashes is None:
+        if (
+            owner is not None
+            and Job.objects.filter(id=job_id, state=JobState.RUNNING)
+            .exclude(lease_owner=owner)
+            .exists()
+        ):
+            lost(task, "worker_lost", None)  # another run holds the job: its slot stays its own
+        crashes = 0  # not running (it finished, or never started): nothing to count
     if task.concurrency_limit:
         slots.free_job(job_id)  # the dead process held its slot: the next waiter goes now
     if crashes < backlot_settings().MAX_WORKER_CRASHES:
@@ -243,5 +266,6 @@ def worker_lost(task: Runnable, exc: BaseException, *, args: Any, kwargs: Any) -
         failures=list(job.failures) if job else [],
         traceback=str(exc),
         fenced=False,
+        owner=owner,
     )
     return reason

@@ -3,11 +3,17 @@
 A hard time limit kills the pool process, and so does a crash or a cancel at shutdown; none of
 them reaches the task's own code, so the worker's main process records them here, before the
 message is acked or requeued.
+
+Each message received gets a claim token here (a UUID in the request, outcomes.CLAIM_TOKEN)
+that the pool process's claim writes into the job's row: the main process's writes for the
+run match it, so a run whose job another run took over (its lease lapsed while its process
+was stopped) has its time limit, cancel, crash and release refused like its own writes.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any, cast
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
@@ -18,6 +24,7 @@ from django.db import close_old_connections
 
 from . import events, execution, ledger, outcomes
 from .broker import backlot_priority
+from .lease import refused
 from .models import Job, JobState
 from .policies import TimeLimitHit
 
@@ -47,6 +54,8 @@ class PlatformRequest(Request):
             self._delivery_info["priority"] = backlot_priority(level)
         request = self._request_dict
         tracked = getattr(self._task, "track", False)
+        if tracked:  # this delivery's claim token (a redelivered message gets its own)
+            request[outcomes.CLAIM_TOKEN] = str(uuid.uuid4())
         # ignore_result asked by the call (the header; Backlot's slimming drops it when False),
         # else the task's own: a tracked job then keeps no return value in its row either.
         asked = request.get("ignore_result")
@@ -87,7 +96,7 @@ class PlatformRequest(Request):
         if getattr(self.task, "track", False):
             close_old_connections()
             try:
-                ledger.release(job_id=self.id)
+                ledger.release(job_id=self.id, lease_owner=self._claim_token())
             except Exception:
                 logger.exception("Could not release the claim of cancelled job %s", self.id)
         # Request._announce_cancelled exists in Celery but not in celery-types' stub.
@@ -151,6 +160,15 @@ class PlatformRequest(Request):
                 job = Job.objects.filter(id=self.id).only("attempts", "failures", "state").first()
                 if job is None or job.state != JobState.RUNNING:
                     return False
+                token = self._claim_token()
+                if (
+                    token is not None
+                    and not Job.objects.filter(
+                        id=self.id, state=JobState.RUNNING, lease_owner=token
+                    ).exists()
+                ):
+                    refused("time_limit", str(self.id), None)  # another run holds the job
+                    return False
                 attempt, failures = job.attempts, list(job.failures)
             else:
                 attempt, failures = (self._context.retries or 0) + 1, []
@@ -175,17 +193,25 @@ class PlatformRequest(Request):
 
     def _stopped_on_request(self) -> bool:
         """A pool process that died (a terminating cancel kills it) under a cancellation
-        request: the job ends cancelled. True when it was."""
+        request: the job ends cancelled. True when it was, or when this run had lost its
+        claim (the write was refused: the run that took the job over decides)."""
         task = cast("PlatformTask", self.task)  # PlatformRequest is PlatformTask's Request
         try:
             if not outcomes.cancel_requested(self.id):
                 return False
-            job = Job.objects.filter(id=self.id).only("attempts").first()
+            token = self._claim_token()
+            rows = Job.objects.filter(id=self.id)
+            job = (rows.filter(lease_owner=token) if token else rows).only("attempts").first()
+            if job is None and token is not None:
+                refused("cancel", str(self.id), None)  # the row holds another run's claim
+                return True
             with _bound_request(task, self):
                 outcomes.stopped_on_request(
                     task, tuple(self.args), dict(self.kwargs), job.attempts if job else 0, None
                 )
             return True
+        except Ignore:
+            return True  # refused (logged and counted): not this run's to record
         except Exception:
             logger.exception("Could not record the cancellation of job %s", self.id)
             return False
@@ -201,8 +227,15 @@ class PlatformRequest(Request):
             if reason is not None:
                 # Celery stores no result for a requeued message: fail it so a chord fires.
                 self.task.backend.mark_as_failure(self.id, reason, request=self._context)
+        except Ignore:
+            pass  # refused (logged and counted): another run holds the job
         except Exception:
             logger.exception("Could not record the worker loss of job %s", self.id)
+
+    def _claim_token(self) -> str | None:
+        """The claim token this delivery's run claimed (or will claim) the job with."""
+        token = self._request_dict.get(outcomes.CLAIM_TOKEN)
+        return str(token) if token else None
 
 
 class _bound_request:

@@ -62,18 +62,34 @@ RETURNING attempts, max_attempts, failures, owner_id, batch_id
 """
 
 
-def claim(*, job_id: str, lease_seconds: float, adopt: Job | None = None) -> Claim | None:
+def claim(
+    *,
+    job_id: str,
+    lease_seconds: float,
+    adopt: Job | None = None,
+    lease_owner: str | None = None,
+) -> Claim | None:
     """From waiting (or running under a lapsed lease) to running, for this delivery; None
     when the message must be dropped (claim_delivery says why)."""
-    claimed = claim_delivery(job_id=job_id, lease_seconds=lease_seconds, adopt=adopt)
+    claimed = claim_delivery(
+        job_id=job_id, lease_seconds=lease_seconds, adopt=adopt, lease_owner=lease_owner
+    )
     return claimed if isinstance(claimed, Claim) else None
 
 
 def claim_delivery(
-    *, job_id: str, lease_seconds: float, adopt: Job | None = None
+    *,
+    job_id: str,
+    lease_seconds: float,
+    adopt: Job | None = None,
+    lease_owner: str | None = None,
 ) -> Claim | Dropped:
     """From waiting (or running under a lapsed lease) to running, for this delivery, with a new
     lease owner token; Dropped (with the reason) when the message must be dropped.
+
+    `lease_owner`: the token to claim with, a UUID unique to this delivery (PlatformRequest
+    draws one per message it receives, so the worker's main process knows it too and fences
+    its own writes for the run with it); a fresh one when None.
 
     Only a job that waits (queued, scheduled, retrying), or runs under an expired lease, can
     be claimed: a redelivered message of a running or finished job is a duplicate. A message
@@ -81,7 +97,10 @@ def claim_delivery(
     an unsaved row describing it, is inserted and claimed.
     """
     now = timezone.now()
-    claimed = _claim_in_one_statement(job_id=job_id, now=now, lease_seconds=lease_seconds)
+    token = uuid.uuid4() if lease_owner is None else uuid.UUID(str(lease_owner))
+    claimed = _claim_in_one_statement(
+        job_id=job_id, now=now, lease_seconds=lease_seconds, token=token
+    )
     if claimed is not None:
         return claimed
     # Not claimable as it stands: find out why (missing, duplicate, early) under a row lock.
@@ -142,7 +161,7 @@ def claim_delivery(
         job.started_at = job.started_at or now
         job.last_started_at = now
         job.lease_expires_at = now + timedelta(seconds=lease_seconds)
-        job.lease_owner = uuid.uuid4()
+        job.lease_owner = token
         job.crashes += 1 if expired else 0
         job.save(
             update_fields=[
@@ -171,7 +190,9 @@ def _last_crash() -> int:
     return backlot_settings().MAX_WORKER_CRASHES - 1
 
 
-def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float) -> Claim | None:
+def _claim_in_one_statement(
+    *, job_id: str, now: datetime, lease_seconds: float, token: uuid.UUID
+) -> Claim | None:
     """The common case in one UPDATE … RETURNING (PostgreSQL, SQLite ≥ 3.35): no transaction,
     no SELECT FOR UPDATE, one round trip. None when the job is not claimable as it stands."""
     fields = {f.name: f for f in Job._meta.fields}
@@ -179,7 +200,6 @@ def _claim_in_one_statement(*, job_id: str, now: datetime, lease_seconds: float)
     def at(value: datetime) -> Any:
         return fields["started_at"].get_db_prep_value(value, connection)
 
-    token = uuid.uuid4()
     params = [
         target("claim"),
         at(now),

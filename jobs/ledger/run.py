@@ -187,13 +187,15 @@ def release(
     crashed: bool = False,
     attempt: int | None = None,
     lease_owner: str | None = None,
-) -> int:
+) -> int | None:
     """From running to queued: free a claim so the requeued message runs again (only the
-    claim of `attempt` / `lease_owner` when given); returns the job's crash count."""
+    claim of `attempt` / `lease_owner` when given); returns the job's crash count, or None
+    when no claim was freed (the job was not running, or another run holds it)."""
     fields: dict[str, Any] = {"state": target("release"), "lease_expires_at": None}
     if crashed:
         fields["crashes"] = F("crashes") + 1
-    _held(job_id, attempt, "release", lease_owner).update(**fields)
+    if not _held(job_id, attempt, "release", lease_owner).update(**fields):
+        return None
     return Job.objects.filter(id=job_id).values_list("crashes", flat=True).first() or 0
 
 

@@ -3,6 +3,7 @@ the run cannot reach). Its workers import this module (-I) besides tests.support
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -24,7 +25,8 @@ def stalls(self: Any, key: str, swallow: bool = False) -> str:
     run = mark(f"{key}:runs")
     if run == 1:
         mark(f"{key}:stalling")
-        wait_for_flag(f"{key}:resume", timeout=120)
+        with contextlib.suppress(LeaseLost):  # the renewer may stop the wait itself
+            wait_for_flag(f"{key}:resume", timeout=120)
     try:
         with effect_once(f"fencing:{key}") as effect:
             if not effect.done:
