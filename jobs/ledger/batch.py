@@ -341,25 +341,21 @@ def _claimed_batch(job_id: Any) -> tuple[bool, Any]:
 
 # A member's success folded into one statement with its batch's counter move (PostgreSQL).
 # Locks are taken in the order every other writer takes them, the job's row, then its batch's:
-# `held` locks the member's row if the finish's fence holds (then it holds until commit),
-# `moved` moves the counters only with that lock and only when this end neither empties the
-# batch nor finds it ended (its UPDATE re-reads the row it waited for), and `ended` is the
-# finish's own UPDATE, only with that move. One statement is one transaction: both writes or
-# neither, as the issue requires, and no row lock is held across a client round trip (the
-# transaction path holds the batch's from its UPDATE to its COMMIT, one round trip later: the
-# two pool processes of a worker finishing members of one batch queued on it there). When
-# nothing was written the finish takes the transaction path, which settles the batch.
-_FOLDED = """WITH held AS MATERIALIZED (
-    SELECT 1 FROM {jobs} WHERE {fence} FOR UPDATE
-), moved AS (
+# `moved`'s one-time filter locks the member's row if the finish's fence holds (it then holds
+# until commit), then `moved` moves the counters only when this end neither empties the batch
+# nor finds it ended (its UPDATE re-reads the row it waited for), and the finish's own UPDATE
+# runs only with that move. One statement is one transaction: both writes or neither, as the
+# issue requires, and no row lock is held across a client round trip (the transaction path
+# holds the batch's from its UPDATE to its COMMIT, one round trip later: the two pool
+# processes of a worker finishing members of one batch queued on it there). When nothing was
+# written the finish takes the transaction path, which settles the batch.
+_FOLDED = """WITH moved AS (
     UPDATE {batches} SET {pending} = {pending} - 1, {counter} = {counter} + 1
     WHERE {id} = %s AND {state} IN ({states}) AND ({pending} > 1 OR {children_pending} > 0)
-    AND EXISTS (SELECT 1 FROM held)
+    AND EXISTS (SELECT 1 FROM {jobs} WHERE {fence} FOR UPDATE)
     RETURNING 1
-), ended AS (
-    {update} AND EXISTS (SELECT 1 FROM moved) RETURNING 1
 )
-SELECT 1 FROM ended"""
+{update} AND EXISTS (SELECT 1 FROM moved)"""
 
 # The counter a member's end moves (besides pending), for the outcomes that may be folded.
 _FOLDABLE = {JobState.SUCCEEDED: "succeeded"}
@@ -372,8 +368,8 @@ class _NotFoldable(Exception):
 
 class _Folding:
     """An execute wrapper (connection.execute_wrapper) around a member's finish write: its
-    first statement, the UPDATE of the member's row, runs as _FOLDED (the row count the write
-    sees is the job's, as from its own UPDATE); any other first statement is not run."""
+    first statement, the UPDATE of the member's row, runs as _FOLDED (whose row count is that
+    UPDATE's); any other first statement is not run."""
 
     def __init__(self, *, batch_id: Any, outcome: str) -> None:
         self.batch_key = _db(batch_id)
@@ -406,7 +402,7 @@ class _Folding:
         )
         self.folded = True
         params = list(params)
-        arguments = [*params[setting:], self.batch_key, *states, *params]
+        arguments = [self.batch_key, *states, *params[setting:], *params]
         return execute(folded, arguments, many, context)
 
 
