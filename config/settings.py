@@ -286,7 +286,7 @@ BACKLOT: dict[str, Any] = {
     "SCHEDULE_CATCH_UP": os.environ.get("BACKLOT_SCHEDULE_CATCH_UP", "run_once"),
     # Workers take each message and record it as theirs in one Redis step (jobs.fetch); "0"
     # gives kombu's BRPOP and second write back.
-    "ATOMIC_FETCH": os.environ.get("BACKLOT_ATOMIC_FETCH", "0") != "0",
+    "ATOMIC_FETCH": os.environ.get("BACKLOT_ATOMIC_FETCH", "1") != "0",
     "REDIS_SENTINELS": REDIS_SENTINELS,
     "REDIS_SENTINEL_MASTER": REDIS_SENTINEL_MASTER,
     "REDIS_SENTINEL_PASSWORD": REDIS_SENTINEL_PASSWORD,

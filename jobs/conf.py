@@ -98,7 +98,7 @@ class BacklotSettings:
     STATUS_URL_NAME: str = "api-1:job_status"
     # Workers take each message from Redis and record it as theirs in one Lua script (jobs.fetch),
     # waking on per-queue doorbells, instead of kombu's BRPOP and a second write.
-    ATOMIC_FETCH: bool = False
+    ATOMIC_FETCH: bool = True
     # Redis' redelivery timeout for unacknowledged messages (read from the broker options).
     VISIBILITY_TIMEOUT: int = field(default=DEFAULT_VISIBILITY_TIMEOUT)
 
