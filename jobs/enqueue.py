@@ -78,11 +78,16 @@ def _lineage(owner: Any, detached: bool) -> dict[str, Any]:
     }
 
 
-def _born_cancelled(job: Job, now: datetime) -> bool:
+def _born_cancelled(job: Job, now: datetime, parent_stopping: bool | None = None) -> bool:
     """A job enqueued by a job that is cancelled or asked to stop (a chord's callback sent
     after its cancelled member, a child enqueued before the run saw its request) is cancelled
-    at birth: written as cancelled, never published."""
-    if job.parent_id is None or not Job.objects.stopping().filter(id=job.parent_id).exists():
+    at birth: written as cancelled, never published. `parent_stopping`: the caller knows it
+    (the parent has finished, so it no longer changes), else it is read."""
+    if job.parent_id is None:
+        return False
+    if parent_stopping is None:
+        parent_stopping = Job.objects.stopping().filter(id=job.parent_id).exists()
+    if not parent_stopping:
         return False
     job.state = JobState.CANCELLED
     job.cancel_requested_at = job.finished_at = now
@@ -163,6 +168,7 @@ def enqueue(
     publish_options: Mapping[str, Any] | None = None,
     detached: bool = False,
     trace_parent: Mapping[str, str] | None = None,
+    parent_stopping: bool | None = None,
 ) -> JobHandle:
     """Accept a job: check its payload, write its ledger row, publish after commit.
 
@@ -210,7 +216,7 @@ def enqueue(
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
         _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
         return JobHandle(id=str(job.id), task_name=task.name)
-    if _born_cancelled(job, now):
+    if _born_cancelled(job, now, parent_stopping):
         if task_id is not None and Job.objects.filter(id=job.id).exists():
             # the task of a Task.replace(), its replaced job's row already there: nothing to send
             return JobHandle(id=str(job.id), task_name=task.name)

@@ -29,6 +29,7 @@ from .exceptions import JobCancelled
 from .models import Job
 from .policies import DEFAULT_POLICY, RetryPolicy
 from .progress import ProgressThrottle
+from .states import FINISHED_STATES, JobState
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,8 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         priority = options.get("priority")
         if options.get("serializer") != "pickle":  # refused by the payload check anyway
             args, kwargs = self.serializable_arguments(args, kwargs)
-        with self._sent_from_worker():
+        sent_from, parent_stopping = self._sent_from_worker()
+        with sent_from:
             handle = enqueuing.enqueue(
                 task=self,
                 args=args or (),
@@ -197,16 +199,19 @@ class PlatformTask(CeleryTaskAPI[P, R]):
                 idempotency_key=options.get("idempotency_key"),
                 task_id=task_id,
                 publish_options=passthrough,
+                parent_stopping=parent_stopping,
             )
         result = self.AsyncResult(handle.id)
         # As Celery's send_task: a call that ignores its result gets None from get() at once.
         result.ignored = bool(options.get("ignore_result", False))
         return result
 
-    def _sent_from_worker(self) -> AbstractContextManager[None]:
-        """A chord's callback (sent by the result backend once the last member finished) and
-        a link callback are sent after that member's run returned, outside jobs.context's
-        running job: they are still its children, and belong to its owner."""
+    def _sent_from_worker(self) -> tuple[AbstractContextManager[None], bool | None]:
+        """A chord's callback (sent by the result backend once the last member finished), a
+        link callback and a chain's next step are sent after that member's run returned,
+        outside jobs.context's running job: they are still its children, and belong to its
+        owner. Also whether that job is stopping (cancelled), known once it has finished (its
+        children are then born cancelled or not, all alike), else None (enqueue reads it)."""
         current = self.app.current_worker_task
         request = getattr(current, "request", None)
         job_id = getattr(request, "id", None)
@@ -216,13 +221,25 @@ class PlatformTask(CeleryTaskAPI[P, R]):
             or not current.track
             or not job_id
         ):
-            return nullcontext()
-        # Read once per run: a chord of 1,000 members sent after it asks for each of them.
-        known = getattr(request, "_backlot_owner", None)
+            return nullcontext(), None
+        # Read once per run: a group of 1,000 members sent after it asks for each of them.
+        known = getattr(request, "_backlot_parent", None)
         if known is None or known[0] != job_id:
-            owner_id = Job.objects.filter(id=job_id).values_list("owner_id", flat=True).first()
-            known = request._backlot_owner = (job_id, owner_id)  # type: ignore[union-attr]
-        return context.running(str(job_id), known[1])
+            row = (
+                Job.objects.filter(id=job_id)
+                .values_list("owner_id", "state", "cancel_requested_at")
+                .first()
+            )
+            owner_id, state, cancel_requested_at = row or (None, None, None)
+            stopping = (
+                (state == JobState.CANCELLED or cancel_requested_at is not None)
+                if state in FINISHED_STATES
+                else None  # still running: a cancel may come; enqueue asks each time
+            )
+            known = (job_id, owner_id, stopping)
+            if stopping is not None:
+                request._backlot_parent = known  # type: ignore[union-attr]
+        return context.running(str(job_id), known[1]), known[2]
 
     # --- worker's side -----------------------------------------------------------------
     def progress(self, done: int, total: int | None = None, message: str = "") -> None:

@@ -594,3 +594,19 @@ def test_the_id_of_a_job_that_ran_is_not_taken_twice(worker):
     with pytest.raises(ValueError, match=f"task_id {first.id} is already the id of a succeeded"):
         ct.add.apply_async((2, 3), task_id=first.id)
     assert Job.objects.get(id=first.id).result == 3
+
+
+def test_a_group_a_finished_job_chains_to_is_its_children_and_its_owners(worker, admin_user):
+    # the group's members are sent from the worker after the first job's run returned: each
+    # reads the job's owner and whether it is stopping once for them all, not once per member
+    canvas: Any = ct.identity.si(1) | group(ct.identity.si(i) for i in range(20))
+    result = canvas.apply_async(owner=admin_user)  # Backlot's owner= on the chain's first job
+
+    assert result.get(timeout=TIMEOUT) == list(range(20))
+    members = Job.objects.filter(id__in=[r.id for r in result.results])
+    parent = Job.objects.get(id=result.parent.id)
+    assert parent.owner == admin_user
+    assert members.count() == 20
+    assert set(members.values_list("parent_id", "owner_id", "state")) == {
+        (parent.id, admin_user.pk, JobState.SUCCEEDED)
+    }
