@@ -4,10 +4,9 @@
    into one batch (its first chunk opens it, every later chunk joins it with
    ``jobs.batch(batch_id)``, the way emails.services.campaign_fan_out_run does) vs the same
    fan-out in no batch. No worker runs. Target: within 10 % (batch rate / plain rate >= 0.9).
-2. Drain: one worker prefork -c 2 drains N ledger jobs that are members of one batch (each
-   finish moves the batch's counters in its own transaction) vs the same N in no batch.
+2. Drain: one worker prefork -c 2 drains N ledger jobs that are members of a batch (each
+   finish moves the batch's counters with its own write) vs the same N in no batch.
    Target: overhead per member <= 10 % (batch drain rate / plain drain rate >= 0.9).
-
 3. Counts that do not depend on the machine's load, in this process: statements, client
    round trips and WAL bytes per member of an enqueue (per 1,000) and of a finish (one claim
    and its success, as a worker's pool process writes them), in one batch vs in no batch.
@@ -15,7 +14,9 @@
    (pg_stat_activity sampled every 10 ms): the two pool processes finishing members of one
    batch meet on its counters row.
 
-Variants alternate within each round and the order flips every round.
+Each round times each variant's N in two halves, A B B A (B A A B the next round), so that a
+load drifting during the round weighs on both alike; the enqueue's batch takes both halves
+(the second joins it), each drain half is a batch of its own (N/2 members).
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ from jobs import enqueue_many as job_enqueue_many
 from jobs.models import Batch, BatchState, Job, JobState
 
 
-def fan_out_in_batch(count: int, description: str = "bench batch") -> uuid.UUID:
+def fan_out_in_batch(
+    count: int, description: str = "bench batch", into: uuid.UUID | None = None
+) -> uuid.UUID:
     """The fan-out of enqueue.fan_out with every job a member of one batch: the first chunk's
-    transaction opens it, each later chunk joins it in its own transaction."""
-    batch_id: uuid.UUID | None = None
+    transaction opens it (or joins `into`), each later chunk joins it in its own transaction."""
+    batch_id = into
     for start in range(0, count, FANOUT_CHUNK):
         calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
             ((i,), {}) for i in range(start, min(count, start + FANOUT_CHUNK))
@@ -53,6 +56,14 @@ def fan_out_in_batch(count: int, description: str = "bench batch") -> uuid.UUID:
             batch_id = row.id
     assert batch_id is not None
     return batch_id
+
+
+def _slots(round_no: int, names: list[str], count: int) -> list[tuple[str, int]]:
+    """A round's timed slots, A B B A (B A A B every other round), each variant's `count` in
+    two halves: a load that drifts during the round weighs on both variants alike."""
+    a, b = names if round_no % 2 == 0 else list(reversed(names))
+    first, second = count // 2, count - count // 2
+    return [(a, first), (b, first), (b, second), (a, second)]
 
 
 def run(*, full: bool = False) -> CaseResult:
@@ -253,21 +264,28 @@ def _enqueue(result: CaseResult, count: int, repeats: int) -> None:
         send(100)
     rates: dict[str, list[float]] = {name: [] for name in variants}
     for round_no in range(repeats):
-        names = list(variants) if round_no % 2 == 0 else list(reversed(variants))
-        for name in names:
-            send = variants[name][0]
+        seconds = dict.fromkeys(variants, 0.0)
+        opened: uuid.UUID | None = None  # the round's batch: its second half joins it
+        for name, n in _slots(round_no, list(variants), count):
             empty_queues()
             started = clock()
-            outcome = send(count)
-            seconds = clock() - started
-            if queued() != count:
-                raise AssertionError(f"{name}: {queued()} messages queued, expected {count}")
-            if isinstance(outcome, uuid.UUID):
-                total = Batch.objects.values_list("total", flat=True).get(id=outcome)
-                if total != count:
-                    raise AssertionError(f"{name}: the batch has {total} members, not {count}")
-            rates[name].append(count / seconds)
+            if name == "enqueue_many_one_batch":
+                opened = fan_out_in_batch(n, into=opened)
+            else:
+                variants[name][0](n)
+            seconds[name] += clock() - started
+            if queued() != n:
+                raise AssertionError(f"{name}: {queued()} messages queued, expected {n}")
             connection.close()
+        assert opened is not None
+        total = Batch.objects.values_list("total", flat=True).get(id=opened)
+        if total != count:
+            raise AssertionError(
+                f"round {round_no + 1}: the batch has {total} members, not {count}"
+            )
+        for name in variants:
+            rates[name].append(count / seconds[name])
+        connection.close()
     empty_queues()
     for name, (_, what) in variants.items():
         result.figure(name, rates[name], "jobs/s", what=what)
@@ -317,34 +335,37 @@ def _drain(result: CaseResult, count: int, repeats: int) -> None:
         worker = workers.start("batches", concurrency=2)
         worker.wait_ready()
         pause([worker])
-        for round_no in range(-1, repeats):  # round -1 warms up with 100 jobs per variant
-            n = 100 if round_no < 0 else count
-            names = list(variants) if round_no % 2 == 0 else list(reversed(variants))
-            for name in names:
+        for round_no in range(-1, repeats):  # round -1 warms up with 200 jobs per variant
+            n = 200 if round_no < 0 else count
+            seconds = dict.fromkeys(variants, 0.0)
+            sampled_share: dict[str, list[float]] = {name: [] for name in variants}
+            for name, half in _slots(round_no, list(variants), n):
                 succeeded_before = Job.objects.filter(
                     task_name=bench.noop.name, state=JobState.SUCCEEDED
                 ).count()
-                batch_id = variants[name][0](n)
+                batch_id = variants[name][0](half)
                 connection.close()
                 with LockWaits() as sampled:
-                    seconds = timed_drain([worker], timeout=600)
+                    seconds[name] += timed_drain([worker], timeout=600)
+                sampled_share[name].append(sampled.share)
                 done = (
                     Job.objects.filter(task_name=bench.noop.name, state=JobState.SUCCEEDED).count()
                     - succeeded_before
                 )
-                if done != n:
-                    result.notes.append(f"{name} round {round_no + 1}: {done} of {n} succeeded")
+                if done != half:
+                    result.notes.append(f"{name} round {round_no + 1}: {done} of {half} succeeded")
                 if batch_id is not None:
                     row = Batch.objects.get(id=batch_id)
-                    if row.state != BatchState.SUCCEEDED or row.succeeded != n:
+                    if row.state != BatchState.SUCCEEDED or row.succeeded != half:
                         result.notes.append(
                             f"{name} round {round_no + 1}: batch {row.state}, "
-                            f"{row.succeeded} of {n} succeeded by its counters"
+                            f"{row.succeeded} of {half} succeeded by its counters"
                         )
-                if round_no >= 0:
-                    rates[name].append(n / seconds)
-                    waits[name].append(sampled.share)
                 connection.close()
+            if round_no >= 0:
+                for name in variants:
+                    rates[name].append(n / seconds[name])
+                    waits[name].append(sum(sampled_share[name]) / len(sampled_share[name]))
     for name, (_, what) in variants.items():
         result.figure(name, rates[name], "jobs/s", what=what)
     for name in variants:
