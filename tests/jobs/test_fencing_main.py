@@ -244,6 +244,25 @@ def _taken_over(
     return second, pids, rows
 
 
+def _recorded(write: str, before: Job) -> bool:
+    """The stale run's main process is done with its write: refused (counted), or it changed
+    the second run's row (what the fence must prevent; _unchanged then says how)."""
+    now = Job.objects.get(id=before.id)
+    changed = (now.state, now.lease_owner, now.crashes, now.failures) != (
+        before.state, before.lease_owner, before.crashes, before.failures,
+    )  # fmt: skip
+    return changed or fencing_counts().get(f"refused:{write}", 0) >= 1
+
+
+def _gone(pid: int) -> bool:
+    """The process has ended (gone, or a zombie its parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
 def _unchanged(before: Job) -> None:
     """The second run's row is as that run left it: running, its claim, no failure."""
     now = Job.objects.get(id=before.id)
@@ -261,27 +280,20 @@ def test_a_hard_time_limit_of_a_run_taken_over_leaves_the_new_run_alone(
     # is stopped past its lease; worker B takes the job over (its run waits for a flag)
     first = fencing_worker("main-fence-limit", BACKLOT_LEASE_SECONDS=LEASE)
     job_id = fencing_main_jobs.held_limited.enqueue(unique).id
-    _, _, rows = _taken_over(fencing_worker, first, {unique: job_id})
+    _, pids, rows = _taken_over(fencing_worker, first, {unique: job_id})
     started = [at for at, _ in marks(f"{unique}:runs")]
     print(f"\nfencing: the second run started {started[1] - started[0]:.1f}s after the first")
     assert started[1] - started[0] < 35, "taken over too late: A's time limit may come first"
 
     # when: A's hard time limit fires for its stopped run: A's main process kills the pool
     # process and records the kill for the run it started
-    wait_until(
-        lambda: "Hard time limit" in first.output() or "TimeLimitExceeded" in first.output(),
-        timeout=60,
-        what="A's hard time limit",
-    )
-    wait_until(
-        lambda: fencing_counts().get("refused:time_limit", 0) >= 1,
-        timeout=30,
-        what="A's time-limit write to be refused",
-    )
+    wait_until(partial(_gone, pids[unique]), timeout=60, what="A's hard time limit")
+    wait_until(partial(_recorded, "time_limit", rows[unique]), timeout=30, what="A's write")
 
     # then: the second run's row is untouched (no failed attempt, no retry, no dead letter),
     # and it finishes as its own run decides
     _unchanged(rows[unique])
+    assert fencing_counts().get("refused:time_limit", 0) == 1
     assert "lost its claim; its time_limit was refused" in first.output()
     set_flag(f"{unique}:resume")
     wait_until(
@@ -308,22 +320,16 @@ def test_a_terminated_or_crashed_run_taken_over_leaves_the_new_run_alone(
     celery_app.control.revoke(
         ids[revoked], terminate=True, signal="SIGKILL", destination=[first.name]
     )
-    wait_until(
-        lambda: fencing_counts().get("refused:cancel", 0) >= 1,
-        timeout=30,
-        what="A's cancel write to be refused",
-    )
+    wait_until(partial(_recorded, "cancel", rows[revoked]), timeout=30, what="A's cancel")
     os.kill(pids[crashed], signal.SIGKILL)
-    wait_until(
-        lambda: fencing_counts().get("refused:worker_lost", 0) >= 1,
-        timeout=30,
-        what="A's worker-lost write to be refused",
-    )
+    wait_until(partial(_recorded, "worker_lost", rows[crashed]), timeout=30, what="A's crash")
 
     # then: both second runs' rows are untouched (the revoke left its cancellation request,
     # which is the platform's record of a revoke), and they finish as their runs decide
     for key in (revoked, crashed):
         _unchanged(rows[key])
+    counts = fencing_counts()
+    assert counts.get("refused:cancel", 0) == 1 and counts.get("refused:worker_lost", 0) == 1
     log = first.output()
     assert "its cancel was refused" in log and "its worker_lost was refused" in log
     for key in (revoked, crashed):
