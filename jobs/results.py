@@ -3,9 +3,11 @@
 A tracked job stores its return value in its Job row (the UPDATE that finishes the run), not
 in a second django-celery-results row; this backend lets `AsyncResult(id).get()` and Flower
 still see it, as Celery would report it: SUCCESS with the return value (None for a call that
-asked ignore_result), RETRY with the exception of the attempt that asked for it, FAILURE with
-the exception the job gave up with (its class and arguments, as raised: the ledger keeps
-them with each failure), REVOKED for a cancelled or expired job (TaskRevokedError).
+asked ignore_result), STARTED while it runs only for a task that tracks it (Celery's
+track_started; else PENDING), RETRY with the exception of the attempt that asked for it,
+FAILURE with the exception the job gave up with (its class and arguments, as raised: the
+ledger keeps them with each failure), REVOKED for a cancelled or expired job
+(TaskRevokedError).
 Chord and group members, and untracked jobs, are stored by the stock backend.
 """
 
@@ -134,6 +136,11 @@ class LedgerResultBackend(DatabaseBackend):
             # Task.replace() by an untracked task: its outcome is in Celery's store, not here
             return meta
         status = _CELERY_STATE[job.state]
+        if status == states.STARTED and not getattr(
+            self.app.tasks.get(job.task_name), "track_started", False
+        ):
+            # As Celery: STARTED only for a task that tracks it (task_track_started)
+            status = states.PENDING
         result: Any = None
         if status == states.SUCCESS:
             result = job.result

@@ -201,6 +201,22 @@ def test_ignore_result_stores_and_returns_nothing(worker):
     assert kept.get(timeout=TIMEOUT) == 3
 
 
+def test_a_running_job_reads_started_only_when_its_task_tracks_it(worker):
+    # Celery reports STARTED only for a task with track_started (task_track_started)
+    for task, while_running in (
+        (ct.sleeping, states.PENDING),
+        (ct.sleeping_tracked, states.STARTED),
+    ):
+        result = task.delay(2)
+        wait_until(
+            lambda: Job.objects.filter(id=result.id, state=JobState.RUNNING).exists(),  # noqa: B023
+            what=f"{task.name} to run",
+        )
+        assert result.status == while_running
+        result.get(timeout=TIMEOUT)
+        assert result.status == states.SUCCESS
+
+
 # --- d. parent_id / root_id, GroupResult --------------------------------------------------------
 def test_a_chain_reports_root_and_parent_ids(worker):
     # celery-types types chain() as taking one signature; it takes an iterable of them

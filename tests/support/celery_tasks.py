@@ -44,6 +44,11 @@ def sleeping(seconds: float) -> None:
     time.sleep(seconds)
 
 
+@job(name="compat.sleeping_tracked", track_started=True)
+def sleeping_tracked(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 @job(name="compat.fail")
 def fail(*args: Any) -> None:
     raise ExpectedException("Task expected to fail", *args)
