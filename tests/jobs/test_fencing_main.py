@@ -42,7 +42,9 @@ LEASE = "3"
 class MainFencingWorker(PlatformWorker):
     """A real worker of the project on `reports` that loads this module's jobs."""
 
-    def __init__(self, name: str, env: dict[str, str], concurrency: int = 1) -> None:
+    def __init__(
+        self, name: str, env: dict[str, str], concurrency: int = 1, pool: str = "prefork"
+    ) -> None:
         super().__init__(
             "config",
             queues="reports",
@@ -59,6 +61,8 @@ class MainFencingWorker(PlatformWorker):
                 "--without-heartbeat",
                 "-l",
                 "INFO",
+                "-P",
+                pool,
             ],
         )
 
@@ -69,8 +73,10 @@ def fencing_worker(
 ) -> Iterator[Callable[..., MainFencingWorker]]:
     started: list[MainFencingWorker] = []
 
-    def start(name: str, concurrency: int = 1, **env: str) -> MainFencingWorker:
-        worker = MainFencingWorker(name, {**worker_env, **env}, concurrency)
+    def start(
+        name: str, concurrency: int = 1, pool: str = "prefork", **env: str
+    ) -> MainFencingWorker:
+        worker = MainFencingWorker(name, {**worker_env, **env}, concurrency, pool)
         started.append(worker)
         return worker
 
@@ -179,11 +185,13 @@ def test_a_sleeping_job_whose_renewals_fail_is_stopped_before_its_lease_expires(
     assert "Could not renew the lease" in worker.output()
 
 
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_a_sleeping_job_whose_row_is_locked_is_stopped_before_its_lease_expires(
-    fencing_worker: Callable[..., MainFencingWorker], unique: str
+    fencing_worker: Callable[..., MainFencingWorker], unique: str, pool: str
 ) -> None:
-    # given: a worker with 6 s leases running a job that sleeps (no progress, no effects)
-    fencing_worker("main-fence-b", BACKLOT_LEASE_SECONDS="6")
+    # given: a worker with 6 s leases (a prefork pool, or -P solo: the job runs in the main
+    # process's main thread) running a job that sleeps (no progress, no effects)
+    fencing_worker(f"main-fence-{pool}", pool=pool, BACKLOT_LEASE_SECONDS="6")
     handle = fencing_main_jobs.sleeper.enqueue(unique)
     wait_until(partial(marks, f"{unique}:running"), timeout=60, what="the job to run")
     _renewed(handle.id)
