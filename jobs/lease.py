@@ -356,7 +356,8 @@ class LeaseRenewer:
     def _lose(hold: Hold, cause: str) -> None:
         """The run lost its claim: stop it (if its code runs in this process's main thread;
         otherwise its next progress call or effect raises)."""
-        hold.lose(cause, then=_stopper.stop)
+        if not hold.lose(cause, then=_stopper.stop) and hold.lost and not hold.told:
+            _stopper.stop(hold)  # lost elsewhere (a progress write's timer), not yet told
 
     @staticmethod
     def _next(hold: Hold) -> float:
