@@ -28,11 +28,12 @@ from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
 from jobs import fetch
+from jobs.broker import queue_keys
 from jobs.conf import backlot_settings
 from jobs.enqueue import enqueue_many
 from jobs.models import Job, JobState
 from jobs.redis import redis_client
-from jobs.reservations import BELL, OWNERS, ReservingQoS
+from jobs.reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
 from tests.conftest import Worker, marks, wait_until
 from tests.jobs.test_redis_sentinel import MASTER
 from tests.jobs.test_redis_sentinel import sentinel_setup as sentinel_setup  # a fixture
@@ -345,3 +346,20 @@ def test_the_fetch_works_through_redis_sentinel(
     primary, sentinel = sentinel_setup["primary"], sentinel_setup["sentinel"]
     options = {**PRIORITY_TRANSPORT_OPTIONS, "master_name": MASTER}
     take_one(f"sentinel://127.0.0.1:{sentinel.port}/0", options, primary.client)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fan_out_rings_a_queue_bell_at_most_bell_cap_times_per_flush(clean_redis: None) -> None:
+    # given: no worker on the queue, and the server's LPUSH count
+    def lpushes() -> int:
+        return int(redis_client().info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
+
+    before = lpushes()
+    # when: 1,000 jobs go out in one pipelined publish (a campaign's fan-out)
+    ids = enqueue_many(tasks.add, [((n, 1), {}) for n in range(1000)], queue=QUEUE, on_commit=False)
+    # then: every message is in the queue, and the bells did not double the commands: at most
+    # BELL_CAP bells per queue for each of kombu's flushes (1,000 commands each), not one each
+    assert sum(redis_client().llen(key) for key in queue_keys(QUEUE)) == len(ids) == 1000
+    bells = lpushes() - before - 1000
+    assert 0 < bells <= 2 * BELL_CAP, bells
+    assert redis_client().llen(f"{BELL}{QUEUE}") <= BELL_CAP
