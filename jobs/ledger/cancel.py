@@ -13,10 +13,10 @@ from django.utils import timezone
 
 from ..models import Job
 from ..states import JobState, sources, target
-from . import batch
+from . import batch_finish
 
 
-@batch.cancels_members  # in one transaction with their batches' counters
+@batch_finish.cancels_members  # in one transaction with their batches' counters
 def cancel_waiting(job_ids: Iterable[Any]) -> int:
     """From waiting (queued, scheduled, retrying) to cancelled: it never runs; a message of it
     that arrives later is dropped at claim."""
@@ -48,7 +48,7 @@ def request_cancel(job_ids: Iterable[Any]) -> int:
     ).update(cancel_requested_at=timezone.now())
 
 
-@batch.moves_batch(JobState.CANCELLED)  # in one transaction with its batch's counters
+@batch_finish.moves_batch(JobState.CANCELLED)  # in one transaction with its batch's counters
 def run_cancelled(
     *,
     job_id: str,

@@ -18,7 +18,7 @@ from django.utils import timezone
 from ..conf import backlot_settings
 from ..models import Job
 from ..states import JobState, sources, target
-from . import batch
+from . import batch_finish
 
 logger = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def _claim_in_one_statement(
     if row is None:
         return None
     attempts, max_attempts, failures, owner_id, batch_id = row
-    batch.claimed(job_id=job_id, batch_id=batch_id)  # its finish skips a batch it is not in
+    batch_finish.claimed(job_id=job_id, batch_id=batch_id)  # its finish skips a batch it is not in
     if isinstance(failures, (str, bytes)):
         failures = json.loads(failures)
     return Claim(str(job_id), attempts, max_attempts, list(failures or []), owner_id, str(token))

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from ..models import DeadLetter, Job
 from ..states import DeadLetterStatus, JobState, sources, target
-from . import batch
+from . import batch_finish
 from .busy import busy_retried
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def progress(
     )
 
 
-@batch.moves_batch(JobState.SUCCEEDED)  # in one transaction with its batch's counters
+@batch_finish.moves_batch(JobState.SUCCEEDED)  # in one transaction with its batch's counters
 @busy_retried  # SQLite's "database is locked" is waited out
 def succeed(
     *,
@@ -208,7 +208,7 @@ class Defaults:
     priority: int
 
 
-@batch.moves_batch(JobState.DEAD)  # in one transaction with its batch's counters
+@batch_finish.moves_batch(JobState.DEAD)  # in one transaction with its batch's counters
 @busy_retried  # SQLite's "database is locked" is waited out
 def give_up(
     *,
