@@ -158,8 +158,11 @@ def test_messages_of_every_priority_step_come_out_in_kombus_order(
     # then: highest priority first, first in first out within a priority, as kombu's BRPOP
     order = [label for _, label in marks(unique)]
     assert order == [f"{p}-{n}" for p in range(9, -1, -1) for n in range(2)]
-    # and the fetch script ran (it took them), or never did with the setting off
-    assert scripts_loaded()[0] is (atomic == "1")
+    # and the fetch script ran (it took them). With the setting off, whether it is loaded says
+    # nothing: the session's other workers share this Redis (test_with_the_setting_off_... reads
+    # this worker's own calls instead).
+    if atomic == "1":
+        assert scripts_loaded()[0]
 
 
 def test_a_message_pushed_without_a_bell_is_taken_within_the_poll(
@@ -220,9 +223,8 @@ def test_with_the_setting_off_the_worker_takes_messages_with_kombus_brpop(
         ports = worker_ports(worker)
         wait_until(lambda: monitor.calls(ports)["BRPOP"] >= 2, timeout=10, what="the next BRPOP")
     calls = monitor.calls(ports)
-    assert calls["FETCH"] == 0, calls
+    assert calls["FETCH"] == 0, calls  # this worker's own sockets: no fetch script, ever
     assert calls["MULTI"] >= 2, calls  # the unacked record, then the ack
-    assert scripts_loaded() == [False, False]
 
 
 def test_an_idle_worker_makes_few_redis_calls(fetch_worker: Callable[..., Worker]) -> None:

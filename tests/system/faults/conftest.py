@@ -306,7 +306,12 @@ class FaultWorker(Worker):
     def ready(self) -> bool:
         if self.process.poll() is not None:
             raise AssertionError(f"worker {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
-        return bool(self.probe.control.ping(destination=[self.name], timeout=0.5))
+        try:
+            return bool(self.probe.control.ping(destination=[self.name], timeout=0.5))
+        except (redis.ConnectionError, OSError):
+            # the probe's connection predates a Redis restart (its health check finds it closed):
+            # not an answer yet; the next ping connects again
+            return False
 
     def kill(self) -> None:
         """kill -9 the main process and its pool processes at once (a host loss, an OOM kill)."""
