@@ -26,13 +26,10 @@ import pytest
 from django.conf import settings
 
 from config.celery import app as celery_app
-from jobs.lease import FENCING
 from jobs.models import Job, JobState
-from jobs.redis import redis_client, redis_text
-from jobs.relay import job_relay
 from jobs.testing import Worker as PlatformWorker
 from tests.conftest import LOG_DIR, ROOT, marks, set_flag, wait_until
-from tests.jobs.test_fencing import CuttableProxy
+from tests.jobs.test_fencing import CuttableProxy, fencing_counts, relay_until
 from tests.support import fencing_main_jobs
 
 # Short leases so a takeover happens in seconds.
@@ -105,21 +102,6 @@ def db_proxy() -> Iterator[CuttableProxy]:
     proxy = ClosingProxy((db["HOST"], int(db["PORT"])))
     yield proxy
     proxy.close()
-
-
-def fencing_counts() -> dict[str, int]:
-    raw = redis_client().hgetall(FENCING)
-    return {redis_text(k): int(v) for k, v in raw.items()}
-
-
-def relay_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Run the relay's sweep (what `manage.py jobs relay` and beat run) until `predicate`."""
-
-    def swept() -> Any:
-        job_relay()
-        return predicate()
-
-    return wait_until(swept, timeout=timeout, interval=0.25, what=what)
 
 
 def _renewed(job_id: str) -> Any:
