@@ -10,7 +10,7 @@ from __future__ import annotations
 CASES: dict[str, tuple[str, str, int]] = {
     "drain_pg": ("benchmarks.cases.drain:run_pg", "pg", 420),
     "drain_sqlite": ("benchmarks.cases.drain:run_sqlite", "sqlite", 300),
-    "layout": ("benchmarks.cases.drain:run_layout", "pg", 240),
+    "layout": ("benchmarks.cases.drain:run_layout", "pg", 360),
     "enqueue": ("benchmarks.cases.enqueue:run_enqueue", "pg", 180),
     "bulk": ("benchmarks.cases.enqueue:run_bulk", "pg", 300),
     "latency": ("benchmarks.cases.latency:run", "pg", 180),
