@@ -73,7 +73,7 @@ def render_targets(results: dict[str, Any]) -> str:
             )
         if "error" in data:
             rows.append((name, "(case failed)", "-", "-", "NO"))
-    return "\n== Targets of issue 6\n" + "\n".join(
+    return "\n== Targets (issues 6, 13 and 16)\n" + "\n".join(
         _table(rows, indent="   ", left=frozenset({0, 1, 3, 4}))
     )
 
