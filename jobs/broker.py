@@ -90,6 +90,10 @@ def publish(
     options = dict(options or {})
     if trace_context:
         options["headers"] = {**trace_context, **(options.get("headers") or {})}
+    # The caller's own argsrepr/kwargsrepr (apply_async's, to keep a secret out of logs and
+    # Flower) win over Backlot's masked copies.
+    options.setdefault("argsrepr", message_repr(args))
+    options.setdefault("kwargsrepr", message_repr(kwargs))
     try:
         task.apply_async(
             list(args),
@@ -98,8 +102,6 @@ def publish(
             queue=queue,
             priority=broker_priority(priority),
             eta=eta,
-            argsrepr=message_repr(args),
-            kwargsrepr=message_repr(kwargs),
             _backlot_internal=True,
             **options,
         )

@@ -25,8 +25,11 @@ CANVAS_OPTIONS = frozenset(
 # a relayed or retried job runs under the limits it was sent with, not the task's defaults.
 LIMIT_OPTIONS = frozenset({"time_limit", "soft_time_limit"})
 # Celery options a relayed message must keep: an absolute expiry (PlatformTask.apply_async
-# turns a relative one into a time), custom headers and stamps, ignore_result.
-CELERY_OPTIONS = frozenset({"expires", "headers", "stamped_headers", "ignore_result"})
+# turns a relative one into a time), custom headers and stamps, ignore_result, and the caller's
+# own readable copies of the arguments (argsrepr/kwargsrepr: Celery's way to hide a secret).
+CELERY_OPTIONS = frozenset(
+    {"expires", "headers", "stamped_headers", "ignore_result", "argsrepr", "kwargsrepr"}
+)
 STORED_OPTIONS = CANVAS_OPTIONS | LIMIT_OPTIONS | CELERY_OPTIONS
 
 

@@ -465,6 +465,21 @@ def test_headers_and_stamps_reach_the_task(worker, unique):
     assert seen["stamps"] == {"monitoring_id": unique}
 
 
+def test_the_callers_argsrepr_and_kwargsrepr_ride_in_the_message(worker):
+    # Celery's way to keep a secret argument out of logs and Flower: the caller's own repr
+    sent = ct.request_reprs.apply_async(
+        ("s3cr3t",), {"token": "t0k3n"}, argsrepr="('<hidden>',)", kwargsrepr="{'token': '*'}"
+    )
+    assert sent.get(timeout=TIMEOUT) == ["('<hidden>',)", "{'token': '*'}"]
+    # kept with the job for the relay's re-send
+    stored = Job.objects.get(id=sent.id).publish_options
+    assert stored["argsrepr"] == "('<hidden>',)" and stored["kwargsrepr"] == "{'token': '*'}"
+
+    # without them, Backlot's short masked copies
+    plain = ct.request_reprs.apply_async((1,), {"n": 2})
+    assert plain.get(timeout=TIMEOUT) == ["[1]", "{'n': 2}"]
+
+
 # --- f. priority, queue and time limits on retried, replayed and canvas messages ---------------
 def test_a_retried_message_keeps_the_calls_time_limits(worker):
     result = ct.retry_once_options.apply_async((1,), time_limit=20, soft_time_limit=15)

@@ -221,6 +221,12 @@ def request_headers(self: Any) -> dict[str, Any]:
     return {"headers": request.headers or {}, "stamps": stamps}
 
 
+@job(name="compat.request_reprs", bind=True)
+def request_reprs(self: Any, *_args: Any, **_kwargs: Any) -> list[Any]:
+    """The readable copies of its arguments that the task's message carried."""
+    return [self.request.argsrepr, self.request.kwargsrepr]
+
+
 @job(name="compat.limits_once", bind=True)
 def limits_once(self: Any, key: str) -> dict[str, Any]:
     """Fails its first run (no retry); a run after that returns what its message said."""
