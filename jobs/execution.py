@@ -58,7 +58,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
                 lease_seconds=lease_seconds,
                 # the delivery's token (PlatformRequest's): the main process fences with it too
                 lease_owner=getattr(request, outcomes.CLAIM_TOKEN, None),
-                adopt=Job(
+                adopt=lambda: Job(
                     id=request.id,
                     task_name=task.name,
                     args=list(args),

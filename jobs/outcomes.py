@@ -15,7 +15,7 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject
 from django.db import DatabaseError, InterfaceError, connection
 
-from . import events, ledger, slots
+from . import counters, events, ledger, slots
 from .conf import backlot_settings
 from .lease import refused
 from .models import Job, JobState
@@ -31,6 +31,11 @@ DELIVERIES = "backlot:metrics:deliveries"
 
 
 def count_delivery(outcome: str) -> None:
+    """Count a delivery by what its claim made of it: a claimed one (every job's) with its
+    finish's counts (jobs.counters), the others in Redis at once."""
+    if outcome == "claimed":
+        counters.add(DELIVERIES, outcome)
+        return
     try:
         redis_client().hincrby(DELIVERIES, outcome, 1)
     except Exception as exc:  # noqa: BLE001 - metrics must never fail a delivery

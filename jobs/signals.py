@@ -8,10 +8,17 @@ from __future__ import annotations
 from typing import Any
 
 from celery import current_app
-from celery.signals import before_task_publish, task_prerun, worker_init, worker_ready
+from celery.signals import (
+    before_task_publish,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from django.db import close_old_connections
 
-from . import fetch, reservations
+from . import counters, fetch, reservations
 from .broker import slim_message
 from .task import PlatformTask
 
@@ -50,3 +57,11 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
 def keep_worker_heartbeat(**kwargs: Any) -> None:
     """Once the pool has started: the worker's heartbeat, refreshed from a thread."""
     reservations.keep_alive()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def flush_counters(**kwargs: Any) -> None:
+    """A pool process (which exits without atexit) or the worker writes its metric counts
+    before it ends (jobs.counters)."""
+    counters.flush()

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from . import events, tracing
+from . import counters, events, tracing
 from .ledger import describe_exception
 from .redis import redis_client, redis_text
 
@@ -32,22 +32,18 @@ def record_outcome(
     task: str, state: str, run_seconds: float | None, queue: str | None = None
 ) -> None:
     """Count a finished attempt (succeeded, retrying, dead) and its run time, by task and by
-    queue; never raises."""
-    try:
-        pipe = redis_client().pipeline(transaction=False)
-        pipe.hincrby(FINISHED, f"{task}\t{state}", 1)
-        if queue is not None:
-            pipe.hincrby(QUEUE_FINISHED, f"{queue}\t{state}", 1)
-        if run_seconds is not None:
-            bound = str(next((b for b in BUCKETS if run_seconds <= b), "+Inf"))
-            keys = [RUNTIME + task] + ([QUEUE_RUNTIME + queue] if queue is not None else [])
-            for key in keys:
-                pipe.hincrby(key, bound, 1)
-                pipe.hincrbyfloat(key, "sum", run_seconds)
-                pipe.hincrby(key, "count", 1)
-        pipe.execute()
-    except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
-        logger.debug("Could not record metrics for %s: %s", task, exc)
+    queue, with this process's other counts (jobs.counters) in one pipeline; never raises."""
+    counters.add(FINISHED, f"{task}\t{state}")
+    if queue is not None:
+        counters.add(QUEUE_FINISHED, f"{queue}\t{state}")
+    if run_seconds is not None:
+        bound = str(next((b for b in BUCKETS if run_seconds <= b), "+Inf"))
+        keys = [RUNTIME + task] + ([QUEUE_RUNTIME + queue] if queue is not None else [])
+        for key in keys:
+            counters.add(key, bound)
+            counters.add_float(key, "sum", run_seconds)
+            counters.add(key, "count")
+    counters.flush()
 
 
 def record_rate_limited(task: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -81,7 +82,7 @@ def claim_delivery(
     *,
     job_id: str,
     lease_seconds: float,
-    adopt: Job | None = None,
+    adopt: Job | Callable[[], Job] | None = None,
     lease_owner: str | None = None,
 ) -> Claim | Dropped:
     """From waiting (or running under a lapsed lease) to running, for this delivery, with a new
@@ -94,7 +95,7 @@ def claim_delivery(
     Only a job that waits (queued, scheduled, retrying), or runs under an expired lease, can
     be claimed: a redelivered message of a running or finished job is a duplicate. A message
     with no ledger row (sent by name with send_task, bypassing enqueue) is adopted: `adopt`,
-    an unsaved row describing it, is inserted and claimed.
+    an unsaved row describing it (or what builds it), is inserted and claimed.
     """
     now = timezone.now()
     token = uuid.uuid4() if lease_owner is None else uuid.UUID(str(lease_owner))
@@ -104,6 +105,8 @@ def claim_delivery(
     if claimed is not None:
         return claimed
     # Not claimable as it stands: find out why (missing, duplicate, early) under a row lock.
+    if callable(adopt):  # built only for a message that may need it
+        adopt = adopt()
     with transaction.atomic():
         job = (
             Job.objects.select_for_update()
