@@ -77,7 +77,7 @@ def _fencing() -> Iterator[Any]:
     refused = CounterMetricFamily(
         "backlot_fenced_writes",
         "Writes of runs that had lost their claim, refused (succeed, retry, dead, cancel, "
-        "progress, effect, finish).",
+        "progress, effect, finish; the worker's own: time_limit, cancel, worker_lost).",
         labels=["write"],
     )
     lost = CounterMetricFamily(

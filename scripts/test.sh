@@ -16,7 +16,7 @@ TEST_REDIS_URL=redis://127.0.0.1:${BACKLOT_TEST_REDIS_PORT:-6390}/0
 TEST_REDIS_DATA=.data/redis-test
 TEST_PG_DATA=.data/pg
 TEST_PG_PORT=${BACKLOT_TEST_PG_PORT:-54329}
-STATUS_FILE=.data/pytest.status   # read by .ci/run (make turns every failure into 2)
+STATUS_FILE=.data/pytest.status   # the run's own exit status, for a look after make (which reports 2)
 
 started_redis=0
 started_pg=0
