@@ -8,7 +8,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Count, Exists, F, OuterRef
+from django.db.models import Count, Exists, F, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobs import OwnedQuerySet
@@ -301,18 +302,36 @@ class Campaign(models.Model):
         if self.batch_id is None:
             return self._summary_from_messages()
         total = self.recipients.count()
-        batch = Batch.objects.filter(id=self.batch_id).first()
-        if batch is None:  # the batch was purged: the messages still know
-            return self._summary_from_messages()
-        fan_out = dict(
-            Job.objects.filter(batch_id=self.batch_id, task_name=FAN_OUT_TASK)
-            .values_list("state")
-            .annotate(n=Count("id"))
-            .order_by()
+        # The counters and the fan-out job's state in one statement, so one snapshot: the
+        # fan-out's end moves both in one transaction, and two reads could straddle it (the
+        # counters read before it, the job after: "sent" -1 and one recipient too many pending).
+        ended = [state.value for state in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)]
+        fan_out = Job.objects.filter(batch_id=OuterRef("id"), task_name=FAN_OUT_TASK).order_by()
+        row = (
+            Batch.objects.filter(id=self.batch_id)
+            .annotate(
+                **{
+                    f"fan_out_{state}": Coalesce(
+                        Subquery(
+                            fan_out.filter(state=state)
+                            .values("batch_id")
+                            .annotate(n=Count("id"))
+                            .values("n")
+                        ),
+                        0,
+                    )
+                    for state in ended
+                }
+            )
+            .values("succeeded", "dead", "cancelled", *(f"fan_out_{state}" for state in ended))
+            .first()
         )
-        sent = batch.succeeded - fan_out.get(JobState.SUCCEEDED, 0)
-        failed = batch.dead - fan_out.get(JobState.DEAD, 0)
-        cancelled = batch.cancelled - fan_out.get(JobState.CANCELLED, 0)
+        if row is None:  # the batch was purged: the messages still know
+            return self._summary_from_messages()
+        sent, failed, cancelled = (
+            row[outcome] - row[f"fan_out_{state}"]
+            for outcome, state in zip(("succeeded", "dead", "cancelled"), ended, strict=True)
+        )
         return self._summarised(total=total, sent=sent, failed=failed, cancelled=cancelled)
 
     def _summary_from_messages(self) -> dict[str, int]:

@@ -287,3 +287,9 @@ def test_the_last_outcome_marks_the_campaign_done(worker, mailbox, admin_user):
     campaign.refresh_from_db()
     assert campaign.summary() == {"total": 2, "sent": 1, "failed": 1, "cancelled": 0, "pending": 0}
     assert EmailMessage.objects.get(pk=second.pk).status == EmailStatus.SENT
+    # the batch's counters and its fan-out job's state are one statement, one snapshot (two
+    # reads could straddle the fan-out's end: "sent" -1 and a recipient too many pending)
+    with CaptureQueriesContext(connection) as queries:
+        campaign.summary()
+    batch_reads = [q["sql"] for q in queries.captured_queries if '"jobs_batch"' in q["sql"]]
+    assert len(batch_reads) == 1 and '"jobs_job"' in batch_reads[0]
