@@ -11,7 +11,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from jobs import counters
-from jobs.redis import redis_client
+from jobs.redis import redis_client, redis_text
 
 
 @pytest.fixture
@@ -21,7 +21,7 @@ def key(clean_redis, unique):
 
 
 def _read(key: str) -> dict[str, str]:
-    return {k.decode(): v.decode() for k, v in redis_client().hgetall(key).items()}
+    return {redis_text(k): redis_text(v) for k, v in redis_client().hgetall(key).items()}
 
 
 def test_counts_add_up_in_the_process_and_reach_redis_at_the_flush(key):
