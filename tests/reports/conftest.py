@@ -106,6 +106,12 @@ def pdf_text(data: bytes) -> tuple[PdfReader, str]:
     return reader, "\n".join(page.extract_text() or "" for page in reader.pages)
 
 
+def squashed(text: str) -> str:
+    """text without its whitespace: pypdf splits kerned glyph pairs ("Tue" reads "T ue"), so a
+    phrase is compared with the extracted text both squashed."""
+    return "".join(text.split())
+
+
 def pdf_title(reader: PdfReader) -> str:
     """The title in the PDF's metadata ("" when it has none)."""
     return (reader.metadata.title if reader.metadata else None) or ""
