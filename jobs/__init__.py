@@ -123,36 +123,20 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from . import events, http
-    from .admin import ReadOnlyAdmin
-    from .batches import Batch, BatchEnded, batch, current_batch
-    from .cancellation import Cancellation, cancel
-    from .conf import backlot_settings
-    from .context import acting_as
-    from .deadletters import (
-        dead_letter_discard,
-        dead_letter_discard_many,
-        dead_letter_replay,
-        dead_letter_replay_many,
-    )
-    from .decorators import job
-    from .effects import effect_applied, effect_once
-    from .enqueue import JobHandle, enqueue_many
-    from .exceptions import (
-        AlreadyFinished,
-        BacklotError,
-        BrokerUnavailable,
-        InvalidArguments,
-        InvalidPayload,
-        JobCancelled,
-        LeaseLost,
-        PayloadTooLarge,
-        ReplayError,
-        UnknownTask,
-    )
-    from .masking import mask_email, mask_text, mask_value
-    from .ownership import OwnedQuerySet
-    from .pausing import pause, paused_queues, resume
-    from .payload import json_problem
-    from .policies import DEFAULT_POLICY, DEFAULT_RETRY_ON, Permanent, Retryable, RetryPolicy
-    from .task import PlatformTask
+    from jobs import events, http
+    from jobs.admin import ReadOnlyAdmin
+    from jobs.batches import Batch, BatchEnded, batch, current_batch
+    from jobs.cancellation import Cancellation, cancel
+    from jobs.conf import backlot_settings
+    from jobs.context import acting_as
+    from jobs.deadletters import dead_letter_discard, dead_letter_discard_many, dead_letter_replay, dead_letter_replay_many
+    from jobs.decorators import job
+    from jobs.effects import effect_applied, effect_once
+    from jobs.enqueue import JobHandle, enqueue_many
+    from jobs.exceptions import AlreadyFinished, BacklotError, BrokerUnavailable, InvalidArguments, InvalidPayload, JobCancelled, LeaseLost, PayloadTooLarge, ReplayError, UnknownTask
+    from jobs.masking import mask_email, mask_text, mask_value
+    from jobs.ownership import OwnedQuerySet
+    from jobs.pausing import pause, paused_queues, resume
+    from jobs.payload import json_problem
+    from jobs.policies import DEFAULT_POLICY, DEFAULT_RETRY_ON, Permanent, Retryable, RetryPolicy
+    from jobs.task import PlatformTask

@@ -8,9 +8,9 @@ import re
 
 from django.core.mail import mail_admins
 
-from .conf import backlot_settings
-from .monitoring import health_report
-from .redis import redis_client, redis_text
+from jobs.conf import backlot_settings
+from jobs.monitoring import health_report
+from jobs.redis import redis_client, redis_text
 
 logger = logging.getLogger("backlot.alerts")
 

@@ -18,10 +18,10 @@ from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from ninja.params.functions import Query
 
-from .cancellation import cancel
-from .deadletters import audit
-from .exceptions import AlreadyFinished
-from .models import Job, JobState
+from jobs.cancellation import cancel
+from jobs.deadletters import audit
+from jobs.exceptions import AlreadyFinished
+from jobs.models import Job, JobState
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser

@@ -12,8 +12,8 @@ from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from ninja.params.functions import Query
 
-from .api import AuthenticatedRequest, JobOut, job_status
-from .models import Batch, Job, JobState
+from jobs.api import AuthenticatedRequest, JobOut, job_status
+from jobs.models import Batch, Job, JobState
 
 router = Router(tags=["batches"])
 

@@ -9,10 +9,10 @@ from django.http import HttpRequest
 from ninja import Router, Schema
 from ninja.errors import HttpError
 
-from .broker import queue_depths
-from .conf import backlot_settings
-from .deadletters import audit
-from .pausing import pause, pause_detail, resume
+from jobs.broker import queue_depths
+from jobs.conf import backlot_settings
+from jobs.deadletters import audit
+from jobs.pausing import pause, pause_detail, resume
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractUser

@@ -12,16 +12,7 @@ class JobsConfig(AppConfig):
         # pausing: the workers' pause hooks and their sync command; batches: publishes a
         # batch's callback job right after the finish that fired it; timers: a worker's event
         # loop drops its cancelled time-limit timers.
-        from . import (  # noqa: F401
-            batches,
-            cancellation,
-            checks,
-            errors,
-            pausing,
-            signals,
-            telemetry,
-            timers,
-        )
+        from jobs import batches, cancellation, checks, errors, pausing, signals, telemetry, timers
 
         telemetry.connect()
         errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised

@@ -38,14 +38,14 @@ else:
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 
-from . import enqueue
-from .conf import backlot_settings
-from .decorators import job
-from .exceptions import UnknownTask
-from .models import DeadLetter, Job, JobState
-from .payload import json_problem, payload_check
-from .policies import Permanent
-from .task import PlatformTask
+from jobs import enqueue
+from jobs.conf import backlot_settings
+from jobs.decorators import job
+from jobs.exceptions import UnknownTask
+from jobs.models import DeadLetter, Job, JobState
+from jobs.payload import json_problem, payload_check
+from jobs.policies import Permanent
+from jobs.task import PlatformTask
 
 T = TypeVar("T")
 P = ParamSpec("P")

@@ -37,18 +37,18 @@ from typing import Any
 
 from django.db import transaction
 
-from . import context, events
-from .cancellation import cancel_many
-from .conf import backlot_settings
-from .deadletters import BulkOutcome, dead_letter_replay_many
-from .enqueue import publish_job
-from .exceptions import BacklotError, UnknownTask
-from .ledger import batch as batch_ledger
-from .models import CALLBACK_KINDS, Batch, BatchState, DeadLetter, DeadLetterStatus, Job
-from .options import check_priority, check_queue
-from .payload import payload_check
-from .registry import task_by_name
-from .states import ACTIVE_STATES, JobState
+from jobs import context, events
+from jobs.cancellation import cancel_many
+from jobs.conf import backlot_settings
+from jobs.deadletters import BulkOutcome, dead_letter_replay_many
+from jobs.enqueue import publish_job
+from jobs.exceptions import BacklotError, UnknownTask
+from jobs.ledger import batch as batch_ledger
+from jobs.models import CALLBACK_KINDS, Batch, BatchState, DeadLetter, DeadLetterStatus, Job
+from jobs.options import check_priority, check_queue
+from jobs.payload import payload_check
+from jobs.registry import task_by_name
+from jobs.states import ACTIVE_STATES, JobState
 
 logger = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from django_celery_beat.clockedschedule import clocked
 from django_celery_beat.schedulers import SCHEDULE_SYNC_MAX_INTERVAL, DatabaseScheduler
 from django_celery_beat.utils import NEVER_CHECK_TIMEOUT
 
-from . import fire_times
-from .conf import backlot_settings
-from .models.schedule import ScheduleFire
-from .redis import redis_client, redis_text
-from .task import PlatformTask
+from jobs import fire_times
+from jobs.conf import backlot_settings
+from jobs.models.schedule import ScheduleFire
+from jobs.redis import redis_client, redis_text
+from jobs.task import PlatformTask
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from kombu.exceptions import KombuError
 from kombu.utils.json import loads
 from redis.exceptions import RedisError
 
-from .masking import message_repr
-from .redis import redis_client
+from jobs.masking import message_repr
+from jobs.redis import redis_client
 
 logger = logging.getLogger(__name__)
 

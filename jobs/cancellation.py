@@ -29,11 +29,11 @@ from celery.worker.control import Panel
 from django.db import close_old_connections, transaction
 from redis.exceptions import RedisError
 
-from . import events, ledger, slots
-from .exceptions import AlreadyFinished, UnknownTask
-from .models import Job
-from .registry import task_by_name
-from .states import ACTIVE_STATES, FINISHED_STATES, JobState
+from jobs import events, ledger, slots
+from jobs.exceptions import AlreadyFinished, UnknownTask
+from jobs.models import Job
+from jobs.registry import task_by_name
+from jobs.states import ACTIVE_STATES, FINISHED_STATES, JobState
 
 logger = logging.getLogger(__name__)
 

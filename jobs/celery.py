@@ -30,9 +30,9 @@ from celery.schedules import crontab
 from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
-from . import fetch
-from .conf import backlot_settings
-from .redis import broker_transport_options, broker_url
+from jobs import fetch
+from jobs.conf import backlot_settings
+from jobs.redis import broker_transport_options, broker_url
 
 # Redis transport: a queue is ten lists, one per priority step, consumed highest first.
 # https://docs.celeryq.dev/en/stable/userguide/routing.html#redis-message-priorities

@@ -17,8 +17,8 @@ from celery.utils.serialization import raise_with_context
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.utils import timezone
 
-from . import ledger
-from .policies import RetryPolicy, RetryRequested
+from jobs import ledger
+from jobs.policies import RetryPolicy, RetryRequested
 
 logger = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from .conf import backlot_settings
-from .models import Job
-from .ratelimit import parse_rate
-from .redis import connect as redis_connect
-from .registry import platform_tasks
+from jobs.conf import backlot_settings
+from jobs.models import Job
+from jobs.ratelimit import parse_rate
+from jobs.redis import connect as redis_connect
+from jobs.registry import platform_tasks
 
 
 @register(Tags.compatibility)

@@ -27,8 +27,8 @@ from typing import Any
 import redis
 from redis.exceptions import RedisError
 
-from . import gate_scripts
-from .redis import redis_client, redis_text
+from jobs import gate_scripts
+from jobs.redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 

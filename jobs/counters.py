@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 
-from .redis import redis_client
+from jobs.redis import redis_client
 
 logger = logging.getLogger(__name__)
 

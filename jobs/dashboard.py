@@ -16,11 +16,11 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.utils.html import format_html
 
-from .conf import backlot_settings
-from .deadletters import audit
-from .models import DeadLetter, Job, JobState
-from .monitoring import health_report, queue_stats, workers_detail
-from .pausing import pause, paused_queues, resume
+from jobs.conf import backlot_settings
+from jobs.deadletters import audit
+from jobs.models import DeadLetter, Job, JobState
+from jobs.monitoring import health_report, queue_stats, workers_detail
+from jobs.pausing import pause, paused_queues, resume
 
 CHART_MINUTES = 60
 

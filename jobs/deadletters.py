@@ -13,14 +13,14 @@ from typing import Any
 
 from django.db import transaction
 
-from . import context, events, ledger
-from .broker import BULK_BATCH
-from .enqueue import JobHandle, enqueue, enqueue_many
-from .exceptions import InvalidArguments, ReplayError, UnknownTask
-from .ledger import batch as batch_ledger
-from .models import AuditEntry, DeadLetter, DeadLetterStatus
-from .options import check_arguments, replay_options
-from .registry import task_by_name
+from jobs import context, events, ledger
+from jobs.broker import BULK_BATCH
+from jobs.enqueue import JobHandle, enqueue, enqueue_many
+from jobs.exceptions import InvalidArguments, ReplayError, UnknownTask
+from jobs.ledger import batch as batch_ledger
+from jobs.models import AuditEntry, DeadLetter, DeadLetterStatus
+from jobs.options import check_arguments, replay_options
+from jobs.registry import task_by_name
 
 logger = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from celery import Task, shared_task
 
-from .policies import DEFAULT_POLICY, RetryPolicy
-from .ratelimit import parse_rate
-from .task import PlatformTask, RateKey
+from jobs.policies import DEFAULT_POLICY, RetryPolicy
+from jobs.ratelimit import parse_rate
+from jobs.task import PlatformTask, RateKey
 
 P = ParamSpec("P")
 R = TypeVar("R")

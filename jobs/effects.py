@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from celery import current_task
 from django.db import IntegrityError, transaction
 
-from .exceptions import LeaseLost
-from .lease import current, refused, renewer
-from .models import Effect
+from jobs.exceptions import LeaseLost
+from jobs.lease import current, refused, renewer
+from jobs.models import Effect
 
 
 @dataclass

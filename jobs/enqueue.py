@@ -17,20 +17,14 @@ from django.db import IntegrityError, transaction
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
-from . import broker, context, events, ledger, slots, tracing
-from .conf import backlot_settings
-from .exceptions import BrokerUnavailable
-from .models import Job
-from .options import (
-    check_arguments,
-    check_priority,
-    check_queue,
-    resolve_start,
-    storable_options,
-)
-from .payload import payload_check
-from .policies import RetryPolicy
-from .states import JobState
+from jobs import broker, context, events, ledger, slots, tracing
+from jobs.conf import backlot_settings
+from jobs.exceptions import BrokerUnavailable
+from jobs.models import Job
+from jobs.options import check_arguments, check_priority, check_queue, resolve_start, storable_options
+from jobs.payload import payload_check
+from jobs.policies import RetryPolicy
+from jobs.states import JobState
 
 
 class Enqueueable(broker.Publishable, Protocol):

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from . import events
-from .masking import mask_value
-from .models import DeadLetter
+from jobs import events
+from jobs.masking import mask_value
+from jobs.models import DeadLetter
 
 if TYPE_CHECKING:
     from sentry_sdk._types import Event, EventProcessor, Hint

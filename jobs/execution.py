@@ -20,13 +20,13 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from . import context, events, ledger, outcomes, slots, tracing
-from .conf import backlot_settings
-from .exceptions import BrokerUnavailable, JobCancelled, LeaseLost
-from .lease import holding, refused, renewer
-from .models import Job
-from .policies import RetryDecision, RetryRequested, TimeLimitHit
-from .redelivery import Runnable, request_priority, request_queue, resend
+from jobs import context, events, ledger, outcomes, slots, tracing
+from jobs.conf import backlot_settings
+from jobs.exceptions import BrokerUnavailable, JobCancelled, LeaseLost
+from jobs.lease import holding, refused, renewer
+from jobs.models import Job
+from jobs.policies import RetryDecision, RetryRequested, TimeLimitHit
+from jobs.redelivery import Runnable, request_priority, request_queue, resend
 
 logger = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError, ResponseError
 
-from .conf import backlot_settings
-from .reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
+from jobs.conf import backlot_settings
+from jobs.reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
 
 logger = logging.getLogger(__name__)
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from django import forms
 
-from .conf import backlot_settings
-from .exceptions import InvalidPayload
-from .payload import payload_check
+from jobs.conf import backlot_settings
+from jobs.exceptions import InvalidPayload
+from jobs.payload import payload_check
 
 
 class EditedReplayForm(forms.Form):

@@ -17,8 +17,8 @@ from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
-from .masking import mask_text
-from .policies import Permanent, Retryable
+from jobs.masking import mask_text
+from jobs.policies import Permanent, Retryable
 
 # Statuses whose Retry-After says when to come back (RFC 9110 §10.2.3).
 HONOURS_RETRY_AFTER = frozenset({429, 503})

@@ -42,9 +42,9 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from . import ledger
-from .exceptions import LeaseLost
-from .redis import redis_client
+from jobs import ledger
+from jobs.exceptions import LeaseLost
+from jobs.redis import redis_client
 
 logger = logging.getLogger(__name__)
 

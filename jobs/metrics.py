@@ -9,16 +9,16 @@ from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import reservations, telemetry
-from .beat import LAST_TICK_KEY
-from .conf import backlot_settings
-from .lease import FENCING
-from .models import DeadLetter
-from .monitoring import queue_stats, workers_online
-from .outcomes import DELIVERIES
-from .pausing import paused_queues
-from .redis import redis_client, redis_text
-from .relay import LEASE_LAPSES, MISSING_RESENT, unknown_tasks
+from jobs import reservations, telemetry
+from jobs.beat import LAST_TICK_KEY
+from jobs.conf import backlot_settings
+from jobs.lease import FENCING
+from jobs.models import DeadLetter
+from jobs.monitoring import queue_stats, workers_online
+from jobs.outcomes import DELIVERIES
+from jobs.pausing import paused_queues
+from jobs.redis import redis_client, redis_text
+from jobs.relay import LEASE_LAPSES, MISSING_RESENT, unknown_tasks
 
 # When `manage.py jobs relay` last finished a sweep (a Unix time, expiring a minute after the
 # relay stops): jobs.management.commands.jobs.RELAY_HEARTBEAT, a layer this one may not import.

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
-from .context import acting_as
+from jobs.context import acting_as
 
 
 class ActingAsMiddleware:

@@ -13,12 +13,12 @@ from django.db import connection
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from . import broker
-from .conf import backlot_settings
-from .models import DeadLetter, Job, JobState
-from .pausing import paused_queues
-from .redis import redis_client
-from .relay import unknown_tasks
+from jobs import broker
+from jobs.conf import backlot_settings
+from jobs.models import DeadLetter, Job, JobState
+from jobs.pausing import paused_queues
+from jobs.redis import redis_client
+from jobs.relay import unknown_tasks
 
 logger = logging.getLogger(__name__)
 

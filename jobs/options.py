@@ -12,8 +12,8 @@ from typing import Any
 
 from django.utils import timezone
 
-from .conf import backlot_settings
-from .exceptions import InvalidArguments
+from jobs.conf import backlot_settings
+from jobs.exceptions import InvalidArguments
 
 logger = logging.getLogger(__name__)
 

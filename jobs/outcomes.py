@@ -15,11 +15,11 @@ from billiard.exceptions import WorkerLostError
 from celery.exceptions import Ignore, Reject
 from django.db import DatabaseError, InterfaceError, connection
 
-from . import counters, events, ledger, slots
-from .conf import backlot_settings
-from .lease import refused
-from .models import Job, JobState
-from .redelivery import Runnable, request_priority, request_queue
+from jobs import counters, events, ledger, slots
+from jobs.conf import backlot_settings
+from jobs.lease import refused
+from jobs.models import Job, JobState
+from jobs.redelivery import Runnable, request_priority, request_queue
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from django.utils import timezone
 from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
-from .conf import backlot_settings
-from .redis import redis_client, redis_text
+from jobs.conf import backlot_settings
+from jobs.redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 

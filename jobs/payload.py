@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from .exceptions import InvalidPayload, PayloadTooLarge
+from jobs.exceptions import InvalidPayload, PayloadTooLarge
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
 

@@ -11,9 +11,9 @@ import time
 
 from django.db import Error, connection, connections
 
-from . import ledger
-from .exceptions import LeaseLost
-from .lease import Hold, refused, renewer
+from jobs import ledger
+from jobs.exceptions import LeaseLost
+from jobs.lease import Hold, refused, renewer
 
 logger = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import redis
 
-from .conf import backlot_settings
-from .redis import redis_client
+from jobs.conf import backlot_settings
+from jobs.redis import redis_client
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smh])\s*$")
 _UNIT_SECONDS = {"s": 1.0, "m": 60.0, "h": 3600.0}

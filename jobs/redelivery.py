@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import tracing
-from .enqueue import Enqueueable, publish_job
-from .models import Job
+from jobs import tracing
+from jobs.enqueue import Enqueueable, publish_job
+from jobs.models import Job
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from urllib.parse import quote, unquote, urlsplit
 import redis
 from redis.sentinel import Sentinel
 
-from .conf import backlot_settings
+from jobs.conf import backlot_settings
 
 # Bounded timeouts: a dead or frozen Redis fails a call in 2 s, it never hangs a job.
 SOCKET_TIMEOUT = 2.0

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from celery import current_app
 
-from .exceptions import UnknownTask
-from .task import PlatformTask
+from jobs.exceptions import UnknownTask
+from jobs.task import PlatformTask
 
 
 def _import_task_modules() -> None:

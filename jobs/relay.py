@@ -19,16 +19,16 @@ from django.db.models import Count
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import broker, events, ledger, outcomes, restore, slots
-from .concurrency import Gates
-from .conf import backlot_settings
-from .enqueue import publish_job
-from .exceptions import UnknownTask
-from .models import Job, JobState
-from .options import check_arguments
-from .redis import redis_client
-from .registry import task_by_name
-from .states import WAITING_STATES
+from jobs import broker, events, ledger, outcomes, restore, slots
+from jobs.concurrency import Gates
+from jobs.conf import backlot_settings
+from jobs.enqueue import publish_job
+from jobs.exceptions import UnknownTask
+from jobs.models import Job, JobState
+from jobs.options import check_arguments
+from jobs.redis import redis_client
+from jobs.registry import task_by_name
+from jobs.states import WAITING_STATES
 
 logger = logging.getLogger(__name__)
 

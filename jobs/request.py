@@ -22,17 +22,17 @@ from celery.worker.request import Request
 from celery.worker.state import task_ready
 from django.db import close_old_connections
 
-from . import events, execution, ledger, outcomes
-from .broker import backlot_priority
-from .lease import refused
-from .models import Job, JobState
-from .policies import TimeLimitHit
+from jobs import events, execution, ledger, outcomes
+from jobs.broker import backlot_priority
+from jobs.lease import refused
+from jobs.models import Job, JobState
+from jobs.policies import TimeLimitHit
 
 if TYPE_CHECKING:
     from celery import Task
     from celery.app.task import Context
 
-    from .task import PlatformTask
+    from jobs.task import PlatformTask
 
 logger = logging.getLogger(__name__)
 

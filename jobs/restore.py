@@ -22,18 +22,9 @@ import redis
 from celery import current_app
 from kombu.utils.json import dumps, loads
 
-from .conf import backlot_settings
-from .redis import redis_client
-from .reservations import (
-    BELL,
-    BELL_CAP,
-    DROPPED,
-    HEARTBEAT,
-    OWNERS,
-    RESTORED,
-    WORKERS,
-    plain_client,
-)
+from jobs.conf import backlot_settings
+from jobs.redis import redis_client
+from jobs.reservations import BELL, BELL_CAP, DROPPED, HEARTBEAT, OWNERS, RESTORED, WORKERS, plain_client
 
 logger = logging.getLogger(__name__)
 

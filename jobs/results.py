@@ -19,7 +19,7 @@ from typing import Any
 from celery import states
 from django_celery_results.backends import DatabaseBackend
 
-from .ledger import REPLACED
+from jobs.ledger import REPLACED
 
 # Job states (jobs.models.JobState values) as Celery states.
 _CELERY_STATE = {
@@ -73,7 +73,7 @@ def _revoked_meta(job: Any) -> dict[str, Any]:
 def _outcome_in_ledger(app: Any, request: Any) -> bool:
     """A tracked job whose own outcome Backlot keeps in its ledger row instead of here
     (PlatformRequest asks Celery to ignore its result), not one whose caller asked that."""
-    from .task import PlatformTask  # the backend is built before Django's apps are ready
+    from jobs.task import PlatformTask  # the backend is built before Django's apps are ready
 
     if request is None or not getattr(request, "ignore_result", False):
         return False
@@ -121,7 +121,7 @@ class LedgerResultBackend(DatabaseBackend):
         meta: dict[str, Any] = super()._get_task_meta_for(task_id)
         if meta.get("status") != states.PENDING:
             return meta
-        from .models import Job  # the backend is built before Django's apps are ready
+        from jobs.models import Job  # the backend is built before Django's apps are ready
 
         try:
             key = uuid.UUID(str(task_id))

@@ -16,8 +16,8 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 from django_celery_results.models import TaskResult
 
-from .conf import backlot_settings
-from .models import Batch, DeadLetter, DeadLetterStatus, Effect, Job
+from jobs.conf import backlot_settings
+from jobs.models import Batch, DeadLetter, DeadLetterStatus, Effect, Job
 
 # Rows per DELETE: 5,000 keeps each statement well under a second on PostgreSQL here and does
 # not hold locks that would stall workers writing the ledger.

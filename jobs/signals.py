@@ -18,9 +18,9 @@ from celery.signals import (
 )
 from django.db import close_old_connections
 
-from . import counters, fetch, reservations
-from .broker import slim_message
-from .task import PlatformTask
+from jobs import counters, fetch, reservations
+from jobs.broker import slim_message
+from jobs.task import PlatformTask
 
 
 @task_prerun.connect

@@ -23,14 +23,14 @@ from celery import current_app
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import events, ledger, tracing
-from .broker import publish
-from .concurrency import PARKED, RESENDS, Gate, Gates, Released, count, horizon_for
-from .conf import backlot_settings
-from .ratelimit import parse_rate
+from jobs import events, ledger, tracing
+from jobs.broker import publish
+from jobs.concurrency import PARKED, RESENDS, Gate, Gates, Released, count, horizon_for
+from jobs.conf import backlot_settings
+from jobs.ratelimit import parse_rate
 
 if TYPE_CHECKING:
-    from .redelivery import Runnable
+    from jobs.redelivery import Runnable
 
 logger = logging.getLogger(__name__)
 

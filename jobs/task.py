@@ -20,16 +20,16 @@ from typing import Any, Generic, ParamSpec, TypeVar
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.utils import timezone
 
-from . import context, execution, outcomes
-from . import enqueue as enqueuing
-from .celery_task import CeleryTaskAPI
-from .conf import backlot_settings
-from .enqueue import JobHandle
-from .exceptions import JobCancelled
-from .models import Job
-from .policies import DEFAULT_POLICY, RetryPolicy
-from .progress import ProgressThrottle
-from .states import FINISHED_STATES, JobState
+from jobs import context, execution, outcomes
+from jobs import enqueue as enqueuing
+from jobs.celery_task import CeleryTaskAPI
+from jobs.conf import backlot_settings
+from jobs.enqueue import JobHandle
+from jobs.exceptions import JobCancelled
+from jobs.models import Job
+from jobs.policies import DEFAULT_POLICY, RetryPolicy
+from jobs.progress import ProgressThrottle
+from jobs.states import FINISHED_STATES, JobState
 
 logger = logging.getLogger(__name__)
 

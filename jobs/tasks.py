@@ -5,15 +5,15 @@ from typing import Any
 from celery import shared_task
 from django.contrib.auth import get_user_model
 
-from .alerts import alerts_check
-from .backends import standard_task  # noqa: F401  (registers the Tasks API runner)
-from .batches import current_batch
-from .deadletters import dead_letter_replay_many
-from .decorators import job
-from .models import DeadLetter
-from .policies import RetryPolicy
-from .relay import job_relay
-from .retention import retention_purge
+from jobs.alerts import alerts_check
+from jobs.backends import standard_task  # noqa: F401  (registers the Tasks API runner)
+from jobs.batches import current_batch
+from jobs.deadletters import dead_letter_replay_many
+from jobs.decorators import job
+from jobs.models import DeadLetter
+from jobs.policies import RetryPolicy
+from jobs.relay import job_relay
+from jobs.retention import retention_purge
 
 
 @shared_task(name="jobs.relay", ignore_result=True)

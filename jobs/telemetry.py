@@ -11,9 +11,9 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
-from . import counters, events, tracing
-from .ledger import describe_exception
-from .redis import redis_client, redis_text
+from jobs import counters, events, tracing
+from jobs.ledger import describe_exception
+from jobs.redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
 job_logger = logging.getLogger("backlot.jobs")

@@ -34,9 +34,9 @@ from typing import Any
 from celery import current_app
 from celery.exceptions import Ignore, Reject, Retry
 
-from .enqueue import JobHandle
-from .models import Job
-from .registry import task_by_name
+from jobs.enqueue import JobHandle
+from jobs.models import Job
+from jobs.registry import task_by_name
 
 
 def wait_until(

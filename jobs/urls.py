@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from jobs import views
 
 urlpatterns = [
     path("health/", views.health, name="health"),

@@ -17,15 +17,15 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from .cancellation import cancel
-from .conf import backlot_settings
-from .deadletters import audit
-from .enqueue import JobHandle
-from .exceptions import AlreadyFinished
-from .metrics import BacklotCollector
-from .models import Batch, Job
-from .monitoring import health_report
-from .states import ACTIVE_STATES, JobState
+from jobs.cancellation import cancel
+from jobs.conf import backlot_settings
+from jobs.deadletters import audit
+from jobs.enqueue import JobHandle
+from jobs.exceptions import AlreadyFinished
+from jobs.metrics import BacklotCollector
+from jobs.models import Batch, Job
+from jobs.monitoring import health_report
+from jobs.states import ACTIVE_STATES, JobState
 
 _registry = CollectorRegistry(auto_describe=False)
 _registry.register(BacklotCollector())

@@ -5,10 +5,10 @@ action is recorded as an AuditEntry. Arguments are shown masked unless the viewe
 raw arguments.
 """
 
-from .base import EstimatedCountPaginator, ReadOnlyAdmin
-from .batches import BatchAdmin
-from .deadletters import AuditEntryAdmin, DeadLetterAdmin
-from .jobs import JobAdmin
+from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin
+from jobs.admin.batches import BatchAdmin
+from jobs.admin.deadletters import AuditEntryAdmin, DeadLetterAdmin
+from jobs.admin.jobs import JobAdmin
 
 __all__ = [
     "AuditEntryAdmin",

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from ..models import Job
+from jobs.models import Job
 
 # Beyond this many rows the changelist shows an estimate instead of COUNT(*): counting a
 # million rows on every page load costs ~100 ms on PostgreSQL; an EXPLAIN estimate ~1 ms.

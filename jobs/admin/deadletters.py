@@ -15,14 +15,14 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from .. import deadletters
-from ..batches import batch
-from ..exceptions import BacklotError
-from ..forms import EditedReplayForm
-from ..masking import mask_value
-from ..models import AuditEntry, DeadLetter
-from ..tasks import replay_matching
-from .base import EstimatedCountPaginator, ReadOnlyAdmin, job_link, pretty_json
+from jobs import deadletters
+from jobs.batches import batch
+from jobs.exceptions import BacklotError
+from jobs.forms import EditedReplayForm
+from jobs.masking import mask_value
+from jobs.models import AuditEntry, DeadLetter
+from jobs.tasks import replay_matching
+from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, job_link, pretty_json
 
 PERMISSIONED_ACTIONS = {"replay_selected": "replay", "discard_selected": "discard"}
 

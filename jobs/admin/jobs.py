@@ -12,12 +12,12 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.translation import ngettext
 
-from ..cancellation import cancel_many
-from ..dashboard import dashboard_json, dashboard_view
-from ..deadletters import audit
-from ..masking import mask_value
-from ..models import Job
-from .base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
+from jobs.cancellation import cancel_many
+from jobs.dashboard import dashboard_json, dashboard_view
+from jobs.deadletters import audit
+from jobs.masking import mask_value
+from jobs.models import Job
+from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
 
 
 @admin.register(Job)

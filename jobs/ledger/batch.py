@@ -28,9 +28,9 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from .. import events
-from ..models import Batch, DeadLetter, Job
-from ..states import BatchState, DeadLetterStatus, JobState, batch_sources, sources
+from jobs import events
+from jobs.models import Batch, DeadLetter, Job
+from jobs.states import BatchState, DeadLetterStatus, JobState, batch_sources, sources
 
 logger = logging.getLogger(__name__)
 

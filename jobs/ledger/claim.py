@@ -16,10 +16,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from ..conf import backlot_settings
-from ..models import Job
-from ..states import JobState, sources, target
-from . import batch_finish
+from jobs.conf import backlot_settings
+from jobs.models import Job
+from jobs.states import JobState, sources, target
+from jobs.ledger import batch_finish
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Any
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from ..models import DeadLetter, Job
-from ..states import DeadLetterStatus
-from . import batch
+from jobs.models import DeadLetter, Job
+from jobs.states import DeadLetterStatus
+from jobs.ledger import batch
 
 logger = logging.getLogger(__name__)
 

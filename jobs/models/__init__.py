@@ -1,18 +1,10 @@
 """The job ledger, idempotency keys, recorded effects and dead letters."""
 
-from ..states import (  # re-exported: the models' vocabulary
-    ACTIVE_STATES,
-    CLAIMABLE_STATES,
-    FINISHED_STATES,
-    WAITING_STATES,
-    BatchState,
-    DeadLetterStatus,
-    JobState,
-)
-from .batch import CALLBACK_KINDS, Batch, BatchQuerySet
-from .deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
-from .job import Effect, IdempotencyRecord, Job, JobQuerySet
-from .schedule import ScheduleFire, ScheduleFireQuerySet
+from jobs.states import ACTIVE_STATES, CLAIMABLE_STATES, FINISHED_STATES, WAITING_STATES, BatchState, DeadLetterStatus, JobState
+from jobs.models.batch import CALLBACK_KINDS, Batch, BatchQuerySet
+from jobs.models.deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
+from jobs.models.job import Effect, IdempotencyRecord, Job, JobQuerySet
+from jobs.models.schedule import ScheduleFire, ScheduleFireQuerySet
 
 __all__ = [
     "ACTIVE_STATES",

@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from ..ownership import OwnedQuerySet
-from ..states import BatchState
+from jobs.ownership import OwnedQuerySet
+from jobs.states import BatchState
 
 # The callbacks a batch may have, in the order they are documented.
 CALLBACK_KINDS = ("on_success", "on_complete", "on_death")

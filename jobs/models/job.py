@@ -11,15 +11,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from ..ownership import OwnedQuerySet
-from ..states import (  # noqa: F401  (re-exported: the models' vocabulary)
-    ACTIVE_STATES,
-    CLAIMABLE_STATES,
-    FINISHED_STATES,
-    WAITING_STATES,
-    DeadLetterStatus,
-    JobState,
-)
+from jobs.ownership import OwnedQuerySet
+from jobs.states import ACTIVE_STATES, CLAIMABLE_STATES, FINISHED_STATES, WAITING_STATES, DeadLetterStatus, JobState
 
 
 class JobQuerySet(OwnedQuerySet["Job"]):
