@@ -14,7 +14,7 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
-from jobs.decorators import job
+from jobs.worker.decorators import job
 
 # Redis lists the stamping jobs append to; the runner reads and deletes them.
 STAMPS = "bench:stamps:"

@@ -9,9 +9,9 @@ from ninja import NinjaAPI
 from ninja.security import django_auth
 
 from emails.api import router as emails_router
-from jobs.api import router as jobs_router
-from jobs.api_batches import router as batches_router
-from jobs.api_queues import router as queues_router
+from jobs.web.api import router as jobs_router
+from jobs.web.api_batches import router as batches_router
+from jobs.web.api_queues import router as queues_router
 from media_pipeline.api import router as videos_router
 from reports.api import router as reports_router
 from web.auth import TokenAuth

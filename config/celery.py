@@ -5,14 +5,14 @@ import os
 from celery import Celery
 from celery.signals import setup_logging
 
-import jobs.celery
+import jobs.worker.celery
 from config.tracing import trace_worker_processes
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("backlot")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-jobs.celery.configure(app)
+jobs.worker.celery.configure(app)
 app.autodiscover_tasks()
 trace_worker_processes()  # OpenTelemetry, when OTEL_* asks for it (config/tracing.py)
 

@@ -54,7 +54,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "jobs.middleware.ActingAsMiddleware",
+    "jobs.web.middleware.ActingAsMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -177,10 +177,10 @@ LOGGING = {
 }
 
 # --- Error reporting (optional: pip install backlot[sentry]) -------------------------------
-# With SENTRY_DSN set, errors go to Sentry: a dead job is one event (jobs.errors), tagged with
+# With SENTRY_DSN set, errors go to Sentry: a dead job is one event (jobs.web.errors), tagged with
 # job id, task, queue and attempt, its arguments masked. Traces stay off (no
 # traces_sample_rate) and no personal data is sent by default. Integrations are not
-# auto-enabled: Sentry's Celery one is not needed (jobs.errors reports dead jobs, and drops the
+# auto-enabled: Sentry's Celery one is not needed (jobs.web.errors reports dead jobs, and drops the
 # repeat Celery's would send as the worker re-raises the exception) and would add trace headers
 # to every message.
 # https://docs.sentry.io/platforms/python/configuration/options/
@@ -206,14 +206,14 @@ REDIS_SENTINEL_MASTER = os.environ.get("REDIS_SENTINEL_MASTER", "")
 REDIS_SENTINEL_PASSWORD = os.environ.get("REDIS_SENTINEL_PASSWORD", "")
 
 # --- Celery -------------------------------------------------------------------------------
-# jobs.celery.configure(app) (config/celery.py) gives the app Backlot's Celery settings: JSON
+# jobs.worker.celery.configure(app) (config/celery.py) gives the app Backlot's Celery settings: JSON
 # only, acks_late, the ledger's result backend, the beat leader, the platform's periodic tasks.
 # Set here is only what this project chooses itself, from the environment.
 # https://docs.celeryq.dev/en/stable/userguide/configuration.html
 if not REDIS_SENTINELS:
-    # With Sentinels, jobs.celery gives the broker kombu's sentinel:// URL and master_name.
+    # With Sentinels, jobs.worker.celery gives the broker kombu's sentinel:// URL and master_name.
     CELERY_BROKER_URL = REDIS_URL
-# Merged key by key into Backlot's transport options (jobs.celery.PRIORITY_TRANSPORT_OPTIONS:
+# Merged key by key into Backlot's transport options (jobs.worker.celery.PRIORITY_TRANSPORT_OPTIONS:
 # priority lists, bounded socket timeouts).
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     # An unacknowledged message is redelivered after this many seconds; it must outlast the
@@ -238,13 +238,13 @@ CELERY_TASK_SOFT_TIME_LIMIT = int(os.environ.get("CELERY_TASK_SOFT_TIME_LIMIT", 
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(
     os.environ.get("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", "30")
 )
-# The queues (BACKLOT["QUEUES"]); jobs.celery declares each with ten priority lists.
+# The queues (BACKLOT["QUEUES"]); jobs.worker.celery declares each with ten priority lists.
 BACKLOT_QUEUES = ("default", "emails", "reports", "media")
 
 # --- Backlot -----------------------------------------------------------------------------
 
 
-# Backlot's settings (jobs.conf.BacklotSettings has every key, its default and its reason);
+# Backlot's settings (jobs.core.conf.BacklotSettings has every key, its default and its reason);
 # the reference project reads each from the environment.
 BACKLOT: dict[str, Any] = {
     "QUEUES": BACKLOT_QUEUES,
@@ -284,7 +284,7 @@ BACKLOT: dict[str, Any] = {
     # A schedule's fire time missed while no beat ran: "run_once" (fired once when beat is
     # back) or "skip".
     "SCHEDULE_CATCH_UP": os.environ.get("BACKLOT_SCHEDULE_CATCH_UP", "run_once"),
-    # Workers take each message and record it as theirs in one Redis step (jobs.fetch); "0"
+    # Workers take each message and record it as theirs in one Redis step (jobs.broker.fetch); "0"
     # gives kombu's BRPOP and second write back.
     "ATOMIC_FETCH": os.environ.get("BACKLOT_ATOMIC_FETCH", "1") != "0",
     "REDIS_SENTINELS": REDIS_SENTINELS,
@@ -321,7 +321,7 @@ if django.VERSION < (6, 0):
     INSTALLED_APPS += ["django_tasks"]
 TASKS = {
     "default": {
-        "BACKEND": "jobs.backends.CeleryBackend",
+        "BACKEND": "jobs.flow.backends.CeleryBackend",
         # Queues standard tasks may name; each must be one Backlot declares (jobs.tasks.E001).
         "QUEUES": list(BACKLOT_QUEUES),
     }

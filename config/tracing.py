@@ -1,5 +1,5 @@
 """OpenTelemetry for the reference project (pip install 'backlot[otel]'): traces of requests
-(Django's instrumentation) and of jobs (jobs.tracing), configured from the standard OTEL_*
+(Django's instrumentation) and of jobs (jobs.core.tracing), configured from the standard OTEL_*
 variables and sent over OTLP/HTTP. Nothing happens unless they ask for an exporter.
 
 - OTEL_EXPORTER_OTLP_ENDPOINT (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT): where spans go;

@@ -10,6 +10,6 @@ urlpatterns = [
     path("emails/", include("emails.urls")),
     path("reports/", include("reports.urls")),
     path("videos/", include("media_pipeline.urls")),
-    path("", include("jobs.urls")),
+    path("", include("jobs.web.urls")),
     path("", include("web.urls")),
 ]

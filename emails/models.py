@@ -13,8 +13,8 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobs import OwnedQuerySet
+from jobs.core.states import JobState
 from jobs.models import Batch, Job
-from jobs.states import JobState
 
 # The fan-out job's name: it is a member of its campaign's batch (keeping it open while it
 # fans out), and the summary leaves it out of the recipients' counts.

@@ -10,52 +10,56 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from jobs import _moved
+
+_moved.install()  # the module paths from before the layers (jobs.celery, ...) for one release
+
 # name -> the module that defines it
 _EXPORTS = {
-    "job": "jobs.decorators",
-    "pause": "jobs.pausing",
-    "resume": "jobs.pausing",
-    "paused_queues": "jobs.pausing",
-    "PlatformTask": "jobs.task",
-    "cancel": "jobs.cancellation",
-    "batch": "jobs.batches",
-    "Batch": "jobs.batches",
-    "BatchEnded": "jobs.batches",
-    "current_batch": "jobs.batches",
-    "Cancellation": "jobs.cancellation",
-    "acting_as": "jobs.context",
-    "AlreadyFinished": "jobs.exceptions",
-    "JobCancelled": "jobs.exceptions",
-    "LeaseLost": "jobs.exceptions",
-    "RetryPolicy": "jobs.policies",
-    "DEFAULT_POLICY": "jobs.policies",
-    "DEFAULT_RETRY_ON": "jobs.policies",
-    "Permanent": "jobs.policies",
-    "Retryable": "jobs.policies",
-    "BacklotError": "jobs.exceptions",
-    "InvalidArguments": "jobs.exceptions",
-    "InvalidPayload": "jobs.exceptions",
-    "PayloadTooLarge": "jobs.exceptions",
-    "ReplayError": "jobs.exceptions",
-    "UnknownTask": "jobs.exceptions",
-    "BrokerUnavailable": "jobs.exceptions",
-    "effect_once": "jobs.effects",
-    "effect_applied": "jobs.effects",
-    "enqueue_many": "jobs.enqueue",
-    "JobHandle": "jobs.enqueue",
-    "dead_letter_replay": "jobs.deadletters",
-    "dead_letter_replay_many": "jobs.deadletters",
-    "dead_letter_discard": "jobs.deadletters",
-    "dead_letter_discard_many": "jobs.deadletters",
-    "events": "jobs.events",
-    "http": "jobs.http",
-    "mask_email": "jobs.masking",
-    "mask_text": "jobs.masking",
-    "mask_value": "jobs.masking",
-    "json_problem": "jobs.payload",
-    "OwnedQuerySet": "jobs.ownership",
+    "job": "jobs.worker.decorators",
+    "pause": "jobs.broker.pausing",
+    "resume": "jobs.broker.pausing",
+    "paused_queues": "jobs.broker.pausing",
+    "PlatformTask": "jobs.worker.task",
+    "cancel": "jobs.flow.cancellation",
+    "batch": "jobs.flow.batches",
+    "Batch": "jobs.flow.batches",
+    "BatchEnded": "jobs.flow.batches",
+    "current_batch": "jobs.flow.batches",
+    "Cancellation": "jobs.flow.cancellation",
+    "acting_as": "jobs.core.context",
+    "AlreadyFinished": "jobs.core.exceptions",
+    "JobCancelled": "jobs.core.exceptions",
+    "LeaseLost": "jobs.core.exceptions",
+    "RetryPolicy": "jobs.core.policies",
+    "DEFAULT_POLICY": "jobs.core.policies",
+    "DEFAULT_RETRY_ON": "jobs.core.policies",
+    "Permanent": "jobs.core.policies",
+    "Retryable": "jobs.core.policies",
+    "BacklotError": "jobs.core.exceptions",
+    "InvalidArguments": "jobs.core.exceptions",
+    "InvalidPayload": "jobs.core.exceptions",
+    "PayloadTooLarge": "jobs.core.exceptions",
+    "ReplayError": "jobs.core.exceptions",
+    "UnknownTask": "jobs.core.exceptions",
+    "BrokerUnavailable": "jobs.core.exceptions",
+    "effect_once": "jobs.worker.effects",
+    "effect_applied": "jobs.worker.effects",
+    "enqueue_many": "jobs.enqueue.submit",
+    "JobHandle": "jobs.enqueue.submit",
+    "dead_letter_replay": "jobs.flow.deadletters",
+    "dead_letter_replay_many": "jobs.flow.deadletters",
+    "dead_letter_discard": "jobs.flow.deadletters",
+    "dead_letter_discard_many": "jobs.flow.deadletters",
+    "events": "jobs.core.events",
+    "http": "jobs.core.http",
+    "mask_email": "jobs.core.masking",
+    "mask_text": "jobs.core.masking",
+    "mask_value": "jobs.core.masking",
+    "json_problem": "jobs.core.payload",
+    "OwnedQuerySet": "jobs.core.ownership",
     "ReadOnlyAdmin": "jobs.admin",
-    "backlot_settings": "jobs.conf",
+    "backlot_settings": "jobs.core.conf",
 }
 
 # names that are modules, not attributes of one
@@ -123,20 +127,42 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from jobs import events, http
     from jobs.admin import ReadOnlyAdmin
-    from jobs.batches import Batch, BatchEnded, batch, current_batch
-    from jobs.cancellation import Cancellation, cancel
-    from jobs.conf import backlot_settings
-    from jobs.context import acting_as
-    from jobs.deadletters import dead_letter_discard, dead_letter_discard_many, dead_letter_replay, dead_letter_replay_many
-    from jobs.decorators import job
-    from jobs.effects import effect_applied, effect_once
-    from jobs.enqueue import JobHandle, enqueue_many
-    from jobs.exceptions import AlreadyFinished, BacklotError, BrokerUnavailable, InvalidArguments, InvalidPayload, JobCancelled, LeaseLost, PayloadTooLarge, ReplayError, UnknownTask
-    from jobs.masking import mask_email, mask_text, mask_value
-    from jobs.ownership import OwnedQuerySet
-    from jobs.pausing import pause, paused_queues, resume
-    from jobs.payload import json_problem
-    from jobs.policies import DEFAULT_POLICY, DEFAULT_RETRY_ON, Permanent, Retryable, RetryPolicy
-    from jobs.task import PlatformTask
+    from jobs.broker.pausing import pause, paused_queues, resume
+    from jobs.core import events, http
+    from jobs.core.conf import backlot_settings
+    from jobs.core.context import acting_as
+    from jobs.core.exceptions import (
+        AlreadyFinished,
+        BacklotError,
+        BrokerUnavailable,
+        InvalidArguments,
+        InvalidPayload,
+        JobCancelled,
+        LeaseLost,
+        PayloadTooLarge,
+        ReplayError,
+        UnknownTask,
+    )
+    from jobs.core.masking import mask_email, mask_text, mask_value
+    from jobs.core.ownership import OwnedQuerySet
+    from jobs.core.payload import json_problem
+    from jobs.core.policies import (
+        DEFAULT_POLICY,
+        DEFAULT_RETRY_ON,
+        Permanent,
+        Retryable,
+        RetryPolicy,
+    )
+    from jobs.enqueue.submit import JobHandle, enqueue_many
+    from jobs.flow.batches import Batch, BatchEnded, batch, current_batch
+    from jobs.flow.cancellation import Cancellation, cancel
+    from jobs.flow.deadletters import (
+        dead_letter_discard,
+        dead_letter_discard_many,
+        dead_letter_replay,
+        dead_letter_replay_many,
+    )
+    from jobs.worker.decorators import job
+    from jobs.worker.effects import effect_applied, effect_once
+    from jobs.worker.task import PlatformTask

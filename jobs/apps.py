@@ -12,7 +12,10 @@ class JobsConfig(AppConfig):
         # pausing: the workers' pause hooks and their sync command; batches: publishes a
         # batch's callback job right after the finish that fired it; timers: a worker's event
         # loop drops its cancelled time-limit timers.
-        from jobs import batches, cancellation, checks, errors, pausing, signals, telemetry, timers
+        from jobs.broker import pausing, timers  # noqa: F401
+        from jobs.flow import batches, cancellation  # noqa: F401
+        from jobs.web import checks, errors  # noqa: F401
+        from jobs.worker import signals, telemetry  # noqa: F401
 
         telemetry.connect()
         errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised

@@ -5,15 +5,15 @@ from typing import Any
 from celery import shared_task
 from django.contrib.auth import get_user_model
 
-from jobs.alerts import alerts_check
-from jobs.backends import standard_task  # noqa: F401  (registers the Tasks API runner)
-from jobs.batches import current_batch
-from jobs.deadletters import dead_letter_replay_many
-from jobs.decorators import job
+from jobs.core.policies import RetryPolicy
+from jobs.flow.backends import standard_task  # noqa: F401  (registers the Tasks API runner)
+from jobs.flow.batches import current_batch
+from jobs.flow.deadletters import dead_letter_replay_many
+from jobs.flow.relay import job_relay
+from jobs.flow.retention import retention_purge
 from jobs.models import DeadLetter
-from jobs.policies import RetryPolicy
-from jobs.relay import job_relay
-from jobs.retention import retention_purge
+from jobs.web.alerts import alerts_check
+from jobs.worker.decorators import job
 
 
 @shared_task(name="jobs.relay", ignore_result=True)

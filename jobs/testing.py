@@ -34,9 +34,9 @@ from typing import Any
 from celery import current_app
 from celery.exceptions import Ignore, Reject, Retry
 
-from jobs.enqueue import JobHandle
+from jobs.enqueue.submit import JobHandle
 from jobs.models import Job
-from jobs.registry import task_by_name
+from jobs.worker.registry import task_by_name
 
 
 def wait_until(

@@ -86,7 +86,7 @@ def video_process_job(self: Any, video_id: str) -> dict[str, Any]:
 
 
 def transcode_batch(video_id: str, plan: list[services.PlannedRendition]) -> jobs.Batch:
-    """One transcode per format in parallel, as a batch (jobs.batches): video_finish_job
+    """One transcode per format in parallel, as a batch (jobs.flow.batches): video_finish_job
     settles the video once every format has ended (on_complete: ready, or failed naming the
     failed formats), and again if a failed format's replay later makes every one succeed
     (on_success). Sent inside the plan's transaction: all of it commits, or none."""

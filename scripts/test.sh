@@ -92,12 +92,12 @@ if [[ $django6 == 1 ]]; then
     dj6_rc=0
     bash scripts/venv-django6.sh >/dev/null || dj6_rc=$?
     if [[ $dj6_rc -eq 0 ]]; then
-        log "Django 6: pytest tests/jobs/test_tasks_backend.py tests/jobs/test_django6_smoke.py ($(.venv-django6/bin/python -m django --version))"
+        log "Django 6: pytest tests/jobs/flow/test_tasks_backend.py tests/jobs/flow/test_django6_smoke.py ($(.venv-django6/bin/python -m django --version))"
         # A database of its own (test_backlot_django6, made afresh): the main run's test
         # database may still be held by its last workers' connections when this starts.
         DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot_django6" \
             PATH="$PWD/.venv-django6/bin:$PATH" .venv-django6/bin/pytest --create-db \
-            tests/jobs/test_tasks_backend.py tests/jobs/test_django6_smoke.py || dj6_rc=$?
+            tests/jobs/flow/test_tasks_backend.py tests/jobs/flow/test_django6_smoke.py || dj6_rc=$?
     fi
     if [[ $dj6_rc -ne 0 ]]; then
         log "the Django 6 run failed (exit $dj6_rc; see above)"

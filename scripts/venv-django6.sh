@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv-django6: the project (`.[project,dev]`) on Django 6.0, where jobs.backends plugs
+# Create .venv-django6: the project (`.[project,dev]`) on Django 6.0, where jobs.flow.backends plugs
 # into the built-in django.tasks instead of the django-tasks backport. scripts/test.sh runs the
 # Tasks-backend tests and the platform smoke test from it. Rebuilt only when pyproject.toml or
 # this script is newer than the stamp .venv-django6/.installed, like scripts/venv.sh's .venv.

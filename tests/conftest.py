@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from jobs.redis import redis_client
+from jobs.broker.redis import redis_client
 from jobs.testing import Worker as PlatformWorker
 from jobs.testing import wait_until as wait_until  # re-exported: the tests import it from here
+
+# tests.support.import_skips: a test skipped for a package that did not import fails the run.
+pytest_plugins = ["tests.support.import_skips"]
 
 ROOT = Path(__file__).resolve().parent.parent
 LOG_DIR = ROOT / ".data" / "test-logs"

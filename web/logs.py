@@ -7,7 +7,7 @@ import logging
 
 from jobs import mask_text
 
-# Fields job log lines carry (see jobs.telemetry.job_event), emitted as JSON keys.
+# Fields job log lines carry (see jobs.worker.telemetry.job_event), emitted as JSON keys.
 JOB_FIELDS = (
     "event",
     "job_id",

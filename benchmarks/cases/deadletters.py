@@ -1,5 +1,5 @@
 """Case 6: replaying 10,000 dead letters through the bulk path operators use
-(jobs.deadletters.dead_letter_replay_many, behind the admin's "replay" action)."""
+(jobs.flow.deadletters.dead_letter_replay_many, behind the admin's "replay" action)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from benchmarks import jobs as bench
 from benchmarks.harness import CaseResult, clock, empty_queues, queue_keys, queued, redis_client
 from benchmarks.sizes import SIZES
 from jobs import enqueue_many as job_enqueue_many
-from jobs.task import PlatformTask
+from jobs.worker.task import PlatformTask
 
 # --------------------------------------------------------------------------- case 2
 

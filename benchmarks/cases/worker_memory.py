@@ -19,7 +19,7 @@ from benchmarks import jobs as bench
 from benchmarks.harness import CaseResult, Workers, empty_queues, pause, timed_drain
 from benchmarks.sizes import Size
 from jobs import enqueue_many as job_enqueue_many
-from jobs import timers
+from jobs.broker import timers
 
 # Jobs drained in all (the issue: 100,000; `make bench` 20,000: ~60 s at ~350 ledger jobs/s),
 # in steps: the first 1,000 are the baseline, then one reading per STEP jobs.
@@ -71,7 +71,7 @@ def run(*, full: bool = False) -> CaseResult:
     if soft:
         result.notes.append(
             f"time limits on ({soft:,} s soft): each job's cancelled time-limit timer stays in "
-            f"the event loop's heap until jobs.timers purges it (every "
+            f"the event loop's heap until jobs.broker.timers purges it (every "
             f"{timers.PURGE_EVERY:g} s; see README)"
         )
     empty_queues()

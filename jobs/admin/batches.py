@@ -13,10 +13,10 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from jobs.batches import batch_cancel, batch_replay_dead
-from jobs.deadletters import audit
-from jobs.models import Batch, Job
 from jobs.admin.base import ReadOnlyAdmin, pretty_json
+from jobs.flow.batches import batch_cancel, batch_replay_dead
+from jobs.flow.deadletters import audit
+from jobs.models import Batch, Job
 
 # Members shown per page of a batch's detail (one query through job_batch_idx).
 MEMBERS_PER_PAGE = 100

@@ -15,14 +15,14 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
-from jobs import deadletters
-from jobs.batches import batch
-from jobs.exceptions import BacklotError
-from jobs.forms import EditedReplayForm
-from jobs.masking import mask_value
+from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, job_link, pretty_json
+from jobs.core.exceptions import BacklotError
+from jobs.core.masking import mask_value
+from jobs.flow import deadletters
+from jobs.flow.batches import batch
 from jobs.models import AuditEntry, DeadLetter
 from jobs.tasks import replay_matching
-from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, job_link, pretty_json
+from jobs.web.forms import EditedReplayForm
 
 PERMISSIONED_ACTIONS = {"replay_selected": "replay", "discard_selected": "discard"}
 

@@ -12,12 +12,12 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.translation import ngettext
 
-from jobs.cancellation import cancel_many
-from jobs.dashboard import dashboard_json, dashboard_view
-from jobs.deadletters import audit
-from jobs.masking import mask_value
-from jobs.models import Job
 from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
+from jobs.core.masking import mask_value
+from jobs.flow.cancellation import cancel_many
+from jobs.flow.deadletters import audit
+from jobs.models import Job
+from jobs.web.dashboard import dashboard_json, dashboard_view
 
 
 @admin.register(Job)

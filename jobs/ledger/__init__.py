@@ -1,17 +1,38 @@
-"""Every write to the job ledger, each named for its event and guarded by jobs.states.
+"""Every write to the job ledger, each named for its event and guarded by jobs.core.states.
 
 A write matches only rows in one of its event's from-states (``sources(event)``), and a
 worker's writes are also fenced by the attempt number of the run holding the claim: a run
 that lost its claim changes nothing. No Celery, no Redis here: publishing is the caller's.
 """
 
-from jobs.ledger.accept import BULK_BATCH, NewRow, insert, insert_holding_key, insert_many, lapsed_lease_dead, lapsed_leases_requeued, mark_published, republish, waiting_but_due
+from jobs.ledger.accept import (
+    BULK_BATCH,
+    NewRow,
+    insert,
+    insert_holding_key,
+    insert_many,
+    lapsed_lease_dead,
+    lapsed_leases_requeued,
+    mark_published,
+    republish,
+    waiting_but_due,
+)
 from jobs.ledger.busy import busy_released, database_busy, when_free
 from jobs.ledger.cancel import cancel_discarded, cancel_waiting, request_cancel, run_cancelled
 from jobs.ledger.claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
 from jobs.ledger.replace import REPLACED, replace, replaced_by_untracked, take_over
 from jobs.ledger.resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
-from jobs.ledger.run import MAX_FAILURES_KEPT, Defaults, describe_exception, give_up, progress, release, renew, retry_later, succeed
+from jobs.ledger.run import (
+    MAX_FAILURES_KEPT,
+    Defaults,
+    describe_exception,
+    give_up,
+    progress,
+    release,
+    renew,
+    retry_later,
+    succeed,
+)
 
 __all__ = [
     "BULK_BATCH",

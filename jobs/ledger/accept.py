@@ -15,9 +15,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from jobs.models import DeadLetter, IdempotencyRecord, Job
-from jobs.states import JobState, sources, target
+from jobs.core.states import JobState, sources, target
 from jobs.ledger.run import Defaults, give_up
+from jobs.models import DeadLetter, IdempotencyRecord, Job
 
 logger = logging.getLogger(__name__)
 

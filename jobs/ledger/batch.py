@@ -7,10 +7,10 @@ batch. A member's success that does not end its batch (on PostgreSQL, after this
 claim) is one statement, the finish's UPDATE and the counters' (jobs.ledger.batch_finish, where
 the finish writes' decorators live): one transaction, no lock held across a round trip. The
 finish that ends the last member changes the batch's state (guarded by
-jobs.states.BATCH_TRANSITIONS) and inserts the callback's job row in the same transaction,
+jobs.core.states.BATCH_TRANSITIONS) and inserts the callback's job row in the same transaction,
 with an id derived from the batch and the callback kind: it is written once however often a
 finish is delivered, and it reaches the broker like any job — right after commit (a receiver
-of the batch events in jobs.batches publishes it), else from the outbox by the relay.
+of the batch events in jobs.flow.batches publishes it), else from the outbox by the relay.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from jobs import events
+from jobs.core import events
+from jobs.core.states import BatchState, DeadLetterStatus, JobState, batch_sources, sources
 from jobs.models import Batch, DeadLetter, Job
-from jobs.states import BatchState, DeadLetterStatus, JobState, batch_sources, sources
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.db import connection, transaction
 
-from jobs.models import Batch, Job
-from jobs.states import JobState, batch_sources
+from jobs.core.states import JobState, batch_sources
 from jobs.ledger.batch import db_value, member_ended, members_cancelled, waiting_members
+from jobs.models import Batch, Job
 
 logger = logging.getLogger(__name__)
 

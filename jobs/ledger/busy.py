@@ -17,8 +17,8 @@ from typing import ParamSpec, TypeVar
 from django.db import OperationalError, connection
 from django.db.models import F
 
+from jobs.core.states import sources, target
 from jobs.models import Job
-from jobs.states import sources, target
 
 logger = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ from django.db.models import F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from jobs.models import Job
-from jobs.states import JobState, sources, target
+from jobs.core.states import JobState, sources, target
 from jobs.ledger import batch_finish
+from jobs.models import Job
 
 
 @batch_finish.cancels_members  # in one transaction with their batches' counters

@@ -16,10 +16,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs.conf import backlot_settings
-from jobs.models import Job
-from jobs.states import JobState, sources, target
+from jobs.core.conf import backlot_settings
+from jobs.core.states import JobState, sources, target
 from jobs.ledger import batch_finish
+from jobs.models import Job
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from jobs.core.states import JobState, sources, target
 from jobs.models import Job
-from jobs.states import JobState, sources, target
 
 # The error text of a row handed to its replacement (and of one finished by an untracked one).
 REPLACED = "replaced"

@@ -9,9 +9,9 @@ from typing import Any
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
-from jobs.models import DeadLetter, Job
-from jobs.states import DeadLetterStatus
+from jobs.core.states import DeadLetterStatus
 from jobs.ledger import batch
+from jobs.models import DeadLetter, Job
 
 logger = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from django.db import connection, transaction
 from django.db.models import F, Field
 from django.utils import timezone
 
-from jobs.models import DeadLetter, Job
-from jobs.states import DeadLetterStatus, JobState, sources, target
+from jobs.core.states import DeadLetterStatus, JobState, sources, target
 from jobs.ledger import batch_finish
 from jobs.ledger.busy import busy_retried
+from jobs.models import DeadLetter, Job
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,14 @@
 """The job ledger, idempotency keys, recorded effects and dead letters."""
 
-from jobs.states import ACTIVE_STATES, CLAIMABLE_STATES, FINISHED_STATES, WAITING_STATES, BatchState, DeadLetterStatus, JobState
+from jobs.core.states import (
+    ACTIVE_STATES,
+    CLAIMABLE_STATES,
+    FINISHED_STATES,
+    WAITING_STATES,
+    BatchState,
+    DeadLetterStatus,
+    JobState,
+)
 from jobs.models.batch import CALLBACK_KINDS, Batch, BatchQuerySet
 from jobs.models.deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
 from jobs.models.job import Effect, IdempotencyRecord, Job, JobQuerySet

@@ -1,7 +1,7 @@
 """Batches: a group of jobs followed as one, with counters and exactly-once callbacks.
 
 The counters move in the same transaction as each member's own finishing write
-(jobs.ledger.batch), so they cannot drift from the members' states; see jobs.batches.
+(jobs.ledger.batch), so they cannot drift from the members' states; see jobs.flow.batches.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from jobs.ownership import OwnedQuerySet
-from jobs.states import BatchState
+from jobs.core.ownership import OwnedQuerySet
+from jobs.core.states import BatchState
 
 # The callbacks a batch may have, in the order they are documented.
 CALLBACK_KINDS = ("on_success", "on_complete", "on_death")

@@ -10,7 +10,14 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from jobs.states import ACTIVE_STATES, CLAIMABLE_STATES, FINISHED_STATES, WAITING_STATES, DeadLetterStatus, JobState
+from jobs.core.states import (  # noqa: F401  (re-exported: the models' vocabulary)
+    ACTIVE_STATES,
+    CLAIMABLE_STATES,
+    FINISHED_STATES,
+    WAITING_STATES,
+    DeadLetterStatus,
+    JobState,
+)
 from jobs.models.job import Job
 
 # Filters operators may pass to bulk actions (admin "replay all matching", `manage.py jobs`).

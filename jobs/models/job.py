@@ -11,8 +11,15 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.ownership import OwnedQuerySet
-from jobs.states import ACTIVE_STATES, CLAIMABLE_STATES, FINISHED_STATES, WAITING_STATES, DeadLetterStatus, JobState
+from jobs.core.ownership import OwnedQuerySet
+from jobs.core.states import (  # noqa: F401  (re-exported: the models' vocabulary)
+    ACTIVE_STATES,
+    CLAIMABLE_STATES,
+    FINISHED_STATES,
+    WAITING_STATES,
+    DeadLetterStatus,
+    JobState,
+)
 
 
 class JobQuerySet(OwnedQuerySet["Job"]):
@@ -168,7 +175,8 @@ class Job(models.Model):
         "run time (s)", null=True, blank=True, help_text="Duration of the last run."
     )
     # The ledger is the job's result store: written by the same UPDATE that finishes the run,
-    # so a tracked job costs no extra result-backend row (jobs.results reads it for AsyncResult).
+    # so a tracked job costs no extra result-backend row (jobs.worker.results reads it for
+    # AsyncResult).
     result = models.JSONField(
         "result",
         null=True,
@@ -182,7 +190,7 @@ class Job(models.Model):
         blank=True,
         help_text="Canvas links (chain, chord, group, callbacks) the relay re-sends with the job.",
     )
-    # jobs.tracing: the W3C context of the span that enqueued the job (empty when not tracing);
+    # jobs.core.tracing: the W3C context of the span that enqueued the job (empty when not tracing);
     # every message of the job carries it, so a relayed or retried copy stays in its trace.
     trace_context = models.JSONField(
         "trace context",
@@ -200,7 +208,8 @@ class Job(models.Model):
         help_text="The dead letter this job replays.",
     )
 
-    # jobs.batches: the batch the job is a member of. No foreign-key constraint: a 100,000-member
+    # jobs.flow.batches: the batch the job is a member of. No foreign-key constraint: a
+    # 100,000-member
     # batch is one COPY, and a per-row constraint check would be its largest cost; the batch
     # row is written first, in the same transaction.
     batch = models.ForeignKey(

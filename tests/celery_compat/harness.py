@@ -308,7 +308,7 @@ def manager(app: Celery, celery_session_worker: SessionWorker) -> Iterator[Manag
 @pytest.fixture(autouse=True)
 def ZZZZ_set_app_current(app: Celery, celery_session_app: Celery) -> Iterator[None]:
     # Celery's also fails a test that declared queues besides `celery`; this app's queues are
-    # Backlot's (default, emails, reports, media), declared by jobs.celery, not by a test.
+    # Backlot's (default, emails, reports, media), declared by jobs.worker.celery, not by a test.
     app.set_current()
     app.set_default()
     yield

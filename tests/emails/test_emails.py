@@ -80,7 +80,7 @@ def test_refused_recipient_is_permanent_with_the_reply(worker, mailbox, client, 
     job = final(body["job_id"])
     assert job.state == JobState.DEAD and job.attempts == 1
     dead = DeadLetter.objects.get(job_id_value=body["job_id"])
-    assert dead.exception_class == "jobs.policies.Permanent"
+    assert dead.exception_class == "jobs.core.policies.Permanent"
     assert "550 5.1.1" in dead.exception_message
     assert "b***@example.com" in dead.exception_message
     assert "bounce.me@" not in dead.exception_message + dead.traceback  # no personal data

@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from jobs.broker.ratelimit import redis_client
 from jobs.models import Job
-from jobs.ratelimit import redis_client
 from reports.models import Report, ReportKind, ReportStatus
 from tests.reports.conftest import grant, post_report
 

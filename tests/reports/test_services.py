@@ -180,7 +180,7 @@ def test_operations_figures_count_outcomes_retries_and_run_times():
             job_id_value=uuid.uuid4(),
             task_name="emails.send",
             queue="emails",
-            exception_class="jobs.policies.Permanent",
+            exception_class="jobs.core.policies.Permanent",
             exception_message="550 refused for jane.doe@example.com",
             first_failed_at=finished,
             last_failed_at=finished,

@@ -22,12 +22,13 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.db.models import Count, Sum
 
-from jobs import broker, enqueue_many, reservations
-from jobs.enqueue import enqueue as enqueue_one
-from jobs.lease import FENCING
+from jobs import enqueue_many
+from jobs.broker import broker, reservations
+from jobs.broker.redis import redis_client
+from jobs.enqueue.submit import enqueue as enqueue_one
+from jobs.flow.relay import LEASE_LAPSES, MISSING_RESENT
 from jobs.models import Job, JobState
-from jobs.redis import redis_client
-from jobs.relay import LEASE_LAPSES, MISSING_RESENT
+from jobs.worker.lease import FENCING
 from tests.scale import driver, failover_jobs
 from tests.scale.driver import ping
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from django.db import connection
 
-from jobs.decorators import job
-from jobs.effects import effect_once
+from jobs.worker.decorators import job
+from jobs.worker.effects import effect_once
 
 RUNS_TABLE = "failover_runs"
 MARKS_TABLE = "failover_marks"

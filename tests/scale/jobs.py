@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import connection
 
-from jobs.decorators import job
+from jobs.worker.decorators import job
 
 MARKS_TABLE = "scale_marks"
 # The cluster-wide limit under test, shared by the workers of both hosts.
@@ -37,7 +37,7 @@ def work(self: Any, run: str, item: int) -> int:
 
 
 # On its own queue, as rate-limited work (emails, a third-party API) is laid out in production.
-# Its waiting jobs park at their gate in Redis, not in the queue (jobs.concurrency), and the
+# Its waiting jobs park at their gate in Redis, not in the queue (jobs.broker.concurrency), and the
 # gate publishes each with its own token (see docs/scaling.md).
 @job(name="scale.limited", bind=True, rate_limit=RATE, queue="emails")
 def limited(self: Any, run: str, item: int) -> int:

@@ -7,7 +7,7 @@ import bisect
 
 import pytest
 
-from jobs.ratelimit import parse_rate
+from jobs.broker.ratelimit import parse_rate
 from tests.scale.conftest import LIMITED_JOBS, WORK_JOBS, ScaleRun, figures
 from tests.scale.jobs import RATE
 
@@ -86,8 +86,8 @@ def test_rate_limit_holds_in_every_second(scale_run: ScaleRun) -> None:
     rate = 1 / parse_rate(RATE)
     starts = [at for at, _ in scale_run.report["limited_starts"]]
 
-    # Jobs waiting for a token park at their gate (jobs.concurrency), which grants each its own
-    # token 1/rate apart and lets none start while the last second holds `rate` starts: the
+    # Jobs waiting for a token park at their gate (jobs.broker.concurrency), which grants each its
+    # own token 1/rate apart and lets none start while the last second holds `rate` starts: the
     # busiest second holds rate (+ timing jitter), the average stays within 5 % (issue 13).
     assert peak(starts, 1.0) <= rate * (1 + TOLERANCE), peak(starts, 1.0)
     assert rate * 0.95 <= achieved_rate(starts) <= rate * 1.05, achieved_rate(starts)

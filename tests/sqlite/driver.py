@@ -24,9 +24,9 @@ from django.db import connection, transaction  # noqa: E402 (after django.setup(
 from django.utils import timezone  # noqa: E402 (after django.setup())
 
 from jobs import cancel, dead_letter_replay, enqueue_many, ledger  # noqa: E402
+from jobs.flow.relay import job_relay  # noqa: E402
 from jobs.models import DeadLetter, Job, JobState  # noqa: E402
-from jobs.registry import task_by_name  # noqa: E402
-from jobs.relay import job_relay  # noqa: E402
+from jobs.worker.registry import task_by_name  # noqa: E402
 from tests.sqlite import jobs as _sqlite_jobs  # noqa: E402,F401 (registers the suite's jobs)
 from tests.support import tasks as _tasks  # noqa: E402,F401 (registers the test jobs)
 

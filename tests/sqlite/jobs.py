@@ -6,8 +6,8 @@ import os
 
 from django.contrib.auth.models import Group
 
-from jobs.decorators import job
-from jobs.policies import RetryPolicy
+from jobs.core.policies import RetryPolicy
+from jobs.worker.decorators import job
 from tests.support.tasks import mark, wait_for_flag
 
 

@@ -54,7 +54,7 @@ def test_a_retry_then_success_and_a_dead_letter_replayed(site: SQLiteSite, uniqu
     assert (first["state"], first["attempts"]) == ("succeeded", 3)
     assert (dead["state"], dead["attempts"]) == ("dead", 1)
     (letter,) = site.driver("dead_letters", ids=[refused])["dead_letters"]
-    assert letter["exception"] == "jobs.policies.Permanent"
+    assert letter["exception"] == "jobs.core.policies.Permanent"
 
     # when the dead letter is replayed: a new job, linked to it, that runs (and is refused again)
     replayed = site.driver("replay", dead_letter_id=letter["id"])["id"]

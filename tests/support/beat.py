@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 import tests.support.tasks  # noqa: F401  (registers the test jobs in the beat process)
-from jobs.beat import LOCK_KEY, LeaderDatabaseScheduler
+from jobs.flow.beat import LOCK_KEY, LeaderDatabaseScheduler
 
 
 class Scheduler(LeaderDatabaseScheduler):

@@ -11,8 +11,8 @@ from celery.canvas import StampingVisitor  # type: ignore[attr-defined]  # not i
 from celery.exceptions import Reject
 from pydantic import BaseModel
 
-from jobs.decorators import job
-from jobs.redis import redis_client
+from jobs.broker.redis import redis_client
+from jobs.worker.decorators import job
 
 
 class ExpectedException(Exception):

@@ -1,5 +1,5 @@
-"""Jobs of tests/jobs/test_fencing.py: runs that lose their claim (a stopped process, a database
-the run cannot reach). Its workers import this module (-I) besides tests.support.tasks."""
+"""Jobs of tests/jobs/worker/test_fencing.py: runs that lose their claim (a stopped process, a
+database the run cannot reach). Its workers import this module (-I) besides tests.support.tasks."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from jobs import LeaseLost
-from jobs.decorators import job
-from jobs.effects import effect_once
-from jobs.policies import RetryPolicy
+from jobs.core.policies import RetryPolicy
+from jobs.worker.decorators import job
+from jobs.worker.effects import effect_once
 from tests.support.tasks import mark, wait_for_flag
 
 # A lost run is not a failure: nothing here should need a retry, but a stray one stays quick.

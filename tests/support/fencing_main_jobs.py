@@ -1,4 +1,4 @@
-"""Jobs of tests/jobs/test_fencing_main.py: a run that never calls progress() or effect_once
+"""Jobs of tests/jobs/worker/test_fencing_main.py: a run that never calls progress() or effect_once
 (the renewer must stop it), and runs whose pool process is stopped, then taken over, then
 ended by the worker's main process (hard time limit, terminating cancel, crash). Its workers
 import this module (-I) besides tests.support.tasks."""
@@ -9,8 +9,8 @@ import os
 import time
 
 from jobs import LeaseLost
-from jobs.decorators import job
-from jobs.policies import RetryPolicy
+from jobs.core.policies import RetryPolicy
+from jobs.worker.decorators import job
 from tests.support.tasks import mark, wait_for_flag
 
 # A lost run is not a failure: nothing here should need a retry, but a stray one stays quick.

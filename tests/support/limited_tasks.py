@@ -1,4 +1,4 @@
-"""Jobs behind concurrency and rate limits, for tests/jobs/test_concurrency_limits.py; its
+"""Jobs behind concurrency and rate limits, for tests/jobs/broker/test_concurrency_limits.py; its
 worker processes import this module (-I)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from jobs.decorators import job
+from jobs.worker.decorators import job
 from tests.support.tasks import mark, wait_for_flag
 
 # Per-second rate case: the limit under test.

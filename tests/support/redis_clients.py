@@ -1,5 +1,5 @@
 """Which Redis clients belong to a process: the local ports of its TCP sockets (from /proc),
-matched against CLIENT LIST's addresses (tests/jobs/test_fetch.py, the lost-message test)."""
+matched against CLIENT LIST's addresses (tests/jobs/broker/test_fetch.py, the lost-message test)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import contextlib
 import os
 from typing import Any
 
-from jobs.redis import redis_client
+from jobs.broker.redis import redis_client
 
 
 def socket_ports(pid: int) -> set[int]:
@@ -40,7 +40,7 @@ def clients_of(*pids: int) -> list[dict[str, Any]]:
 
 
 def waiting_for_a_bell(pid: int) -> bool:
-    """A client of `pid` is blocked in BRPOP (jobs.fetch's consumer waiting for a bell)."""
+    """A client of `pid` is blocked in BRPOP (jobs.broker.fetch's consumer waiting for a bell)."""
     return any(
         client.get("cmd") == "brpop" and "b" in client["flags"] for client in clients_of(pid)
     )

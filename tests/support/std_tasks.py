@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from jobs.redis import redis_client
+from jobs.broker.redis import redis_client
 from tests.support.tasks import mark, wait_for_flag
 from tests.support.tasks_api import TaskContext, task
 

@@ -12,10 +12,10 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from jobs import JobCancelled
-from jobs.decorators import job
-from jobs.effects import effect_once
-from jobs.policies import Permanent, RetryPolicy
-from jobs.redis import redis_client
+from jobs.broker.redis import redis_client
+from jobs.core.policies import Permanent, RetryPolicy
+from jobs.worker.decorators import job
+from jobs.worker.effects import effect_once
 
 
 def mark(key: str, value: Any = None) -> int:
@@ -146,10 +146,11 @@ def crashes(key: str, times: int) -> str:
     retry=RetryPolicy(max_attempts=4, base_delay=0.2, factor=1.0, jitter=False, max_delay=5.0),
 )
 def http_call(url: str) -> int:
-    """GETs `url` with requests; jobs.http decides on the status (a test's local server answers)."""
+    """GETs `url` with requests; jobs.core.http decides on the status (a test's local server
+    answers)."""
     import requests  # here, not at the top: only this job needs it
 
-    from jobs.http import raise_for_status
+    from jobs.core.http import raise_for_status
 
     return raise_for_status(requests.get(url, timeout=5)).status_code
 
@@ -227,7 +228,7 @@ def fails_then_hangs(key: str, seconds: float) -> str:
 
 @job(
     name="tests.unreachable",
-    queue="reports",  # left to tests' own workers (tests/jobs/test_errors.py starts one)
+    queue="reports",  # left to tests' own workers (tests/jobs/web/test_errors.py starts one)
     retry=RetryPolicy(max_attempts=3, base_delay=0.2, factor=1.0, jitter=False),
 )
 def unreachable(key: str, to: str) -> None:
@@ -236,7 +237,7 @@ def unreachable(key: str, to: str) -> None:
     raise ConnectionError(f"could not reach the mailbox of {to}")
 
 
-# --- batches (tests/jobs/test_batches.py) -----------------------------------------------------
+# --- batches (tests/jobs/flow/test_batches.py) ----------------------------------------------------
 def _batch_fixed(key: str) -> bool:
     return bool(redis_client().exists(f"test:flag:fixed:{key}"))
 
@@ -283,6 +284,6 @@ def batch_nester(key: str, members: int) -> str:
     return str(child.id)
 
 
-# Jobs behind concurrency and rate limits (tests/jobs/test_concurrency_limits.py): registered in
-# every test worker, which import this module.
+# Jobs behind concurrency and rate limits (tests/jobs/broker/test_concurrency_limits.py):
+# registered in every test worker, which import this module.
 from tests.support import limited_tasks as limited_tasks  # noqa: E402

@@ -32,7 +32,7 @@ def start_beat(name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
                 "-l",
                 "INFO",
                 "--scheduler",
-                "jobs.beat:LeaderDatabaseScheduler",
+                "jobs.flow.beat:LeaderDatabaseScheduler",
             ],
             cwd=ROOT,
             env={**env, "BACKLOT_BEAT_LOCK_TTL": str(LOCK_TTL)},

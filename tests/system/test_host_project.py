@@ -228,7 +228,7 @@ def test_the_wheel_holds_the_platform_only(wheel: Path) -> None:
     assert not [req for req in required if req.lower().startswith(heavy)], required
 
 
-# --- jobs.celery.configure: the host's own Celery settings win --------------------------------
+# --- jobs.worker.celery.configure: the host's own Celery settings win ------------------------
 
 
 class HostCelerySettings:
@@ -244,21 +244,21 @@ class HostCelerySettings:
 def test_configure_fills_in_only_what_the_host_left_unset(configured_first: bool) -> None:
     from celery import Celery
 
-    import jobs.celery
+    import jobs.worker.celery
 
     app = Celery("host", set_as_current=False)
     app.config_from_object(HostCelerySettings, namespace="CELERY")
     if configured_first:
         assert app.conf.task_acks_late is False  # the configuration is loaded before configure()
-    jobs.celery.configure(app)
+    jobs.worker.celery.configure(app)
     conf = app.conf
 
     assert conf.task_acks_late is False  # the host's
     assert conf.broker_url == "redis://broker.invalid:6379/3"
     assert conf.task_reject_on_worker_lost is True  # Backlot's
     assert conf.accept_content == ["json"] and conf.result_accept_content == ["json"]
-    assert conf.result_backend == "jobs.results:LedgerResultBackend"
-    assert conf.beat_scheduler == "jobs.beat:LeaderDatabaseScheduler"
+    assert conf.result_backend == "jobs.worker.results:LedgerResultBackend"
+    assert conf.beat_scheduler == "jobs.flow.beat:LeaderDatabaseScheduler"
     assert conf.worker_prefetch_multiplier == 1 and conf.task_create_missing_queues is False
     assert conf.get("CELERY_DB_REUSE_MAX") == 1_000_000
     assert [queue.queue_arguments for queue in conf.task_queues] == [{"x-max-priority": 9}] * len(

@@ -174,7 +174,7 @@ def start_beat(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
                 *(sys.executable, "-m", "celery", "-A", "config", "beat", "--pidfile="),
-                *("-l", "INFO", "--scheduler", "jobs.beat:LeaderDatabaseScheduler"),
+                *("-l", "INFO", "--scheduler", "jobs.flow.beat:LeaderDatabaseScheduler"),
             ],
             cwd=ROOT,
             env=env,

@@ -27,9 +27,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
+from jobs.core.states import JobState
+from jobs.flow.relay import job_relay
 from jobs.models import Job
-from jobs.relay import job_relay
-from jobs.states import JobState
 from tests.conftest import LOG_DIR, ROOT, wait_until
 from tests.support import tasks  # noqa: F401  (the relay here publishes tests.record)
 

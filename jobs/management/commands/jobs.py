@@ -15,15 +15,15 @@ from django.db import close_old_connections
 from django.utils.dateparse import parse_datetime
 from redis.exceptions import RedisError
 
-from jobs.cancellation import cancel_many
-from jobs.dashboard import dashboard_data
-from jobs.deadletters import audit, dead_letter_discard_many, dead_letter_replay_many
-from jobs.masking import mask_text
+from jobs.broker.pausing import pause, resume
+from jobs.broker.redis import redis_client
+from jobs.core.masking import mask_text
+from jobs.flow.cancellation import cancel_many
+from jobs.flow.deadletters import audit, dead_letter_discard_many, dead_letter_replay_many
+from jobs.flow.relay import job_relay
+from jobs.flow.retention import retention_purge
 from jobs.models import DeadLetter, Job
-from jobs.pausing import pause, resume
-from jobs.redis import redis_client
-from jobs.relay import job_relay
-from jobs.retention import retention_purge
+from jobs.web.dashboard import dashboard_data
 
 logger = logging.getLogger(__name__)
 # When the relay last finished a sweep (a Unix time); read by `jobs relay --alive`.

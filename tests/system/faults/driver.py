@@ -22,8 +22,8 @@ django.setup()
 from django.db import close_old_connections, transaction  # noqa: E402 (after django.setup())
 
 from jobs import enqueue_many  # noqa: E402 (after django.setup())
-from jobs.relay import job_relay  # noqa: E402 (after django.setup())
-from jobs.task import PlatformTask  # noqa: E402 (after django.setup())
+from jobs.flow.relay import job_relay  # noqa: E402 (after django.setup())
+from jobs.worker.task import PlatformTask  # noqa: E402 (after django.setup())
 from tests.system.faults import jobs as fault_jobs  # noqa: E402 (after django.setup())
 
 TASKS: dict[str, PlatformTask[Any, Any]] = {
@@ -68,7 +68,7 @@ def enqueue(spec: dict) -> dict:
 def feed(spec: dict) -> dict:
     """A sustained producer: enqueue `count` jobs in batches, keeping at most `cap` messages
     waiting in Redis, like a steady stream of API calls rather than one huge backlog."""
-    from jobs.redis import redis_client
+    from jobs.broker.redis import redis_client
 
     task = TASKS[spec["task"]]
     broker = redis_client()

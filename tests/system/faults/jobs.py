@@ -1,7 +1,7 @@
 """Jobs for the fault-injection suite; fault workers import this module (-I).
 
 Every job counts its runs in the SHARED test Redis (FAULTS_COUNTER_URL, never the private
-Redis a fault test restarts) and applies its effect once with jobs.effects.effect_once. The
+Redis a fault test restarts) and applies its effect once with jobs.worker.effects.effect_once. The
 effect is a row in the `faults_applied` table (no unique constraint), written in the same
 transaction as the Effect row: a second application would show as a second row, so the
 duplicate count the tests assert is exact, even when a process is killed mid-job.
@@ -19,10 +19,10 @@ import redis
 from django.conf import settings
 from django.db import connection
 
-from jobs.decorators import job
-from jobs.effects import effect_once
+from jobs.core.policies import Retryable, RetryPolicy
 from jobs.models import Job
-from jobs.policies import Retryable, RetryPolicy
+from jobs.worker.decorators import job
+from jobs.worker.effects import effect_once
 
 APPLIED_TABLE = "faults_applied"
 # Fast retries: the faults are the subject, not the backoff.

@@ -31,8 +31,8 @@ from django.db import transaction
 
 from config.celery import app as celery_app
 from jobs import enqueue_many
-from jobs.decorators import job
-from jobs.task import PlatformTask
+from jobs.worker.decorators import job
+from jobs.worker.task import PlatformTask
 from tests.system.faults import jobs as fault_jobs
 
 ROOT = Path(__file__).resolve().parents[3]

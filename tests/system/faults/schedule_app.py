@@ -33,7 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 import jobs
 from config.urls import urlpatterns as project_urlpatterns
-from jobs.decorators import job
+from jobs.worker.decorators import job
 from tests.system.faults import jobs as fault_jobs
 from web.auth import TokenAuth
 

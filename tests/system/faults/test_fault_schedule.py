@@ -33,8 +33,8 @@ import pytest
 import redis
 import requests
 
-from jobs.relay import LEASE_LAPSES, MISSING_RESENT
-from jobs.reservations import DROPPED, RESTORED
+from jobs.broker.reservations import DROPPED, RESTORED
+from jobs.flow.relay import LEASE_LAPSES, MISSING_RESENT
 from tests.conftest import ROOT, wait_until
 from tests.system.faults.conftest import PrivatePostgres, PrivateRedis, figures, free_port
 from tests.system.faults.lost import Process, procfile_command

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from jobs.broker.redis import redis_text as text
+from jobs.broker.reservations import DROPPED, OWNERS, RESTORED
 from jobs.models import DeadLetter, Job, JobState
-from jobs.redis import redis_text as text
-from jobs.reservations import DROPPED, OWNERS, RESTORED
 from tests.conftest import wait_until
 from tests.system.faults.conftest import (
     PrivateRedis,

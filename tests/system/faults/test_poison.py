@@ -47,7 +47,8 @@ def test_poison_job_runs_max_attempts_then_one_dead_letter(
     assert bad.state == JobState.DEAD
     assert letters.count() == 1 and str(letters.get().job_id_value) == poison[0]
     assert (
-        letters.get().attempts == 3 and letters.get().exception_class == "jobs.policies.Retryable"
+        letters.get().attempts == 3
+        and letters.get().exception_class == "jobs.core.policies.Retryable"
     )
     assert counts[JobState.SUCCEEDED] == GOOD, dict(counts)
     assert dead_letters(good) == 0

@@ -16,13 +16,13 @@ In this folder:
 
 Elsewhere:
 - A pickled message pushed raw into a queue is refused and never run:
-  tests/jobs/test_delivery.py::test_pickled_message_is_refused_and_not_executed.
+  tests/jobs/worker/test_delivery.py::test_pickled_message_is_refused_and_not_executed.
 - Flower without credentials is 401 (and answers with them):
   tests/system/test_flower.py::test_refuses_requests_without_valid_credentials.
 - Admin replay/discard without the permission is 403 (forged action POSTs and the replay
-  views): tests/jobs/test_admin.py::test_without_permission_no_actions_and_forged_post_is_403.
+  views): tests/jobs/admin/test_admin.py::test_without_permission_no_actions_and_forged_post_is_403.
 - Other users' objects are 404 (staff see them):
-  job status: tests/jobs/test_api.py::test_other_user_gets_404;
+  job status: tests/jobs/web/test_api.py::test_other_user_gets_404;
   report status and download: tests/reports/test_api.py::
   test_status_and_download_are_for_owner_and_staff_only;
   video status: tests/media_pipeline/test_api.py::test_another_users_video_is_404_and_staff_see_it;
@@ -31,7 +31,7 @@ Elsewhere:
   test_rendition_download_is_404_for_others_and_unfinished_formats.
   Not covered anywhere yet: emails, campaigns and recipient imports of other users
   (emails/api.py `_owned`).
-- Payload limits with a clear 4xx message: tests/jobs/test_payload.py (size limit naming the
+- Payload limits with a clear 4xx message: tests/jobs/core/test_payload.py (size limit naming the
   size and MAX_PAYLOAD_BYTES, non-JSON values named by path; nothing written or sent).
 - Upload limits: video uploads over BACKLOT_MAX_UPLOAD_BYTES are 413 and store nothing:
   tests/media_pipeline/test_api.py::test_an_oversized_upload_is_413_and_nothing_is_stored,

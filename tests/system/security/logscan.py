@@ -7,9 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.masking import mask_text
+from jobs.core.masking import mask_text
 
-# An address with at least two local-part characters right before the "@": jobs.masking turns
+# An address with at least two local-part characters right before the "@": jobs.core.masking turns
 # every address into "j***@example.com", whose only character before the "@" is "*", so a
 # match here is an address that reached the log unmasked. One-letter local parts ("x@host.com")
 # look the same masked or not and are not personal; Message-IDs ("<uuid@backlot>") have no TLD.

@@ -9,7 +9,7 @@ from typing import cast
 
 import pytest
 
-from jobs.masking import mask_email
+from jobs.core.masking import mask_email
 from jobs.models import Job, JobState
 from tests.conftest import wait_until
 from tests.support.tasks import refused

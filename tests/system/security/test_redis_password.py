@@ -23,9 +23,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobs.broker import queue_keys as broker_queue_keys
+from jobs.broker.broker import queue_keys as broker_queue_keys
+from jobs.flow.relay import RELAY_GRACE
 from jobs.models import Job, JobState
-from jobs.relay import RELAY_GRACE
 from tests.conftest import ROOT, wait_until
 from tests.system.security.logscan import remember_secret
 
@@ -45,7 +45,7 @@ RELAY = """
 import django
 django.setup()
 import tests.support.tasks
-from jobs.relay import job_relay
+from jobs.flow.relay import job_relay
 print(job_relay())
 """
 # Enqueue against a broker that refuses us must give up this fast (bounded publish retries).

@@ -1,0 +1,283 @@
+"""The broker side of the platform: the only module that knows kombu and Redis' queue layout.
+
+Publish one job (through Celery's apply_async, so canvas options keep working), publish many
+(Celery's protocol-2 builder and kombu's pipelined batch), slim Backlot's messages, map
+priorities, and read queue depths and unacknowledged counts. Nothing here writes the ledger:
+callers mark what the broker took.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+import redis
+from celery import current_app
+from kombu.exceptions import KombuError
+from kombu.utils.json import loads
+from redis.exceptions import RedisError
+
+from jobs.broker.redis import redis_client
+from jobs.core.masking import message_repr
+
+logger = logging.getLogger(__name__)
+
+# Messages per pipelined flush (and rows per statement in the ledger's bulk writes).
+BULK_BATCH = 1000
+# What a failed publish raises: the broker is down, frozen or refused the connection.
+BROKER_ERRORS = (KombuError, RedisError, OSError)
+
+# Headers Celery writes even when empty; the worker reads each with a default (Context's class
+# attributes), so an absent header means the same as its empty value.
+_EMPTY_HEADERS = {
+    "shadow": None,
+    "eta": None,
+    "expires": None,
+    "group": None,
+    "group_index": None,
+    "parent_id": None,
+    "stamped_headers": None,
+    "replaced_task_nesting": 0,
+    "retries": 0,
+    "ignore_result": False,  # the task's own setting applies (PlatformRequest decides)
+    "kwargsrepr": "{}",
+    "lang": "py",  # read only to convert protocol-1 messages
+}
+
+
+class Publishable(Protocol):
+    """What the broker needs of a task: its name, app, queue and apply_async."""
+
+    name: str
+    queue_name: str
+    ignore_result: bool
+
+    @property
+    def app(self) -> Any: ...
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any: ...
+
+
+def broker_priority(priority: int) -> int:
+    """Backlot priorities run 0 (lowest) to 9 (highest); Redis consumes level 0 first."""
+    return 9 - priority
+
+
+def backlot_priority(broker: int) -> int:
+    """The inverse of broker_priority."""
+    return 9 - broker
+
+
+def publish(
+    *,
+    task: Publishable,
+    job_id: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    queue: str,
+    priority: int,
+    eta: datetime | None,
+    options: Mapping[str, Any] | None = None,
+    trace_context: Mapping[str, str] | None = None,
+) -> bool:
+    """Hand one job's message to the broker; False when the broker is unavailable.
+
+    Bounded timeouts make a dead or frozen Redis fail fast; the caller leaves the job in the
+    ledger's outbox for the relay. `trace_context` (jobs.core.tracing) rides in the headers.
+    """
+    options = dict(options or {})
+    if trace_context:
+        options["headers"] = {**trace_context, **(options.get("headers") or {})}
+    # The caller's own argsrepr/kwargsrepr (apply_async's, to keep a secret out of logs and
+    # Flower) win over Backlot's masked copies.
+    options.setdefault("argsrepr", message_repr(args))
+    options.setdefault("kwargsrepr", message_repr(kwargs))
+    try:
+        task.apply_async(
+            list(args),
+            dict(kwargs),
+            task_id=job_id,
+            queue=queue,
+            priority=broker_priority(priority),
+            eta=eta,
+            _backlot_internal=True,
+            **options,
+        )
+    except BROKER_ERRORS as exc:
+        logger.warning("Broker unavailable, job %s stays in the outbox: %s", job_id, exc)
+        return False
+    return True
+
+
+def publish_many(
+    *,
+    task: Publishable,
+    jobs: Sequence[tuple[str, Sequence[Any], Mapping[str, Any]]],
+    priority: int,
+    queue: str | None = None,
+    on_chunk: Callable[[list[str]], object] | None = None,
+    trace_context: Mapping[str, str] | None = None,
+) -> int:
+    """Publish (id, args, kwargs) messages a chunk per pipelined flush; `on_chunk(ids)` runs
+    once the broker took a chunk. Returns how many were sent; a broker failure stops there.
+    Every message carries `trace_context` (jobs.core.tracing) in its headers."""
+    amqp = task.app.amqp
+    queue = queue or task.queue_name
+    options = {
+        "exchange": "",
+        "routing_key": queue,
+        "serializer": "json",
+        "delivery_mode": 2,
+        "priority": broker_priority(priority),
+        "declare": [amqp.queues[queue]],
+        "retry": False,
+    }
+    ignore_result = bool(task.ignore_result)
+    sent = 0
+    try:
+        with task.app.producer_or_acquire() as producer:
+            for start in range(0, len(jobs), BULK_BATCH):
+                chunk = jobs[start : start + BULK_BATCH]
+                with producer.batch(max_size=BULK_BATCH):
+                    for job_id, args, kwargs in chunk:
+                        headers, properties, body, _ = amqp.create_task_message(
+                            job_id,
+                            task.name,
+                            args,
+                            kwargs,
+                            argsrepr=message_repr(args),
+                            kwargsrepr=message_repr(kwargs),
+                            ignore_result=ignore_result,
+                        )
+                        slim_message(headers, properties)
+                        if trace_context:
+                            headers.update(trace_context)
+                        producer.publish(body, headers=headers, **options, **properties)
+                        options["declare"] = None  # declared once: binding it per message is costly
+                sent += len(chunk)
+                if on_chunk is not None:
+                    on_chunk([job_id for job_id, _, _ in chunk])
+    except BROKER_ERRORS as exc:
+        logger.warning(
+            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
+            sent,
+            len(jobs),
+            exc,
+        )
+    return sent
+
+
+def slim_message(headers: dict[str, Any], properties: dict[str, Any]) -> None:
+    """Drop what a Backlot message carries for nothing: headers at their default value, the
+    root id and correlation id when they repeat the job id, the reply queue (no rpc://
+    results), and the second copy of argsrepr/kwargsrepr that apply_async leaves in the
+    properties (the headers have them). Redis holds every queued message."""
+    for key, empty in _EMPTY_HEADERS.items():
+        if key in headers and headers[key] == empty:
+            del headers[key]
+    if headers.get("stamps") == {} and "stamped_headers" not in headers:
+        del headers["stamps"]
+    # A job that is its own root: the worker reads a missing root_id as the job's own id.
+    if headers.get("root_id") is not None and headers.get("root_id") == headers.get("id"):
+        del headers["root_id"]
+    for key in ("argsrepr", "kwargsrepr", "reply_to"):
+        properties.pop(key, None)
+    if properties.get("correlation_id") == headers.get("id"):
+        del properties["correlation_id"]  # only rpc:// result replies use it
+
+
+def _transport_options() -> dict[str, Any]:
+    return dict(current_app.conf.broker_transport_options or {})
+
+
+def queue_keys(queue: str) -> list[str]:
+    """Redis list names kombu uses for a queue, one per priority level."""
+    options = _transport_options()
+    sep = options.get("sep", ":")
+    steps = options.get("priority_steps") or list(range(10))
+    return [queue if step == 0 else f"{queue}{sep}{step}" for step in steps]
+
+
+def queue_depths(queues: Sequence[str]) -> dict[str, int]:
+    """Messages waiting in Redis per queue (every priority level), in one pipelined round."""
+    keys = {queue: queue_keys(queue) for queue in queues}
+    pipe = redis_client().pipeline(transaction=False)
+    for queue_key_list in keys.values():
+        for key in queue_key_list:
+            pipe.llen(key)
+    lengths = iter(pipe.execute())
+    return {
+        queue: sum(next(lengths) for _ in queue_key_list) for queue, queue_key_list in keys.items()
+    }
+
+
+def unacknowledged() -> int:
+    """Messages taken by some worker and not acknowledged yet (kombu's `unacked` hash)."""
+    return int(redis_client().hlen("unacked"))
+
+
+# The most messages held_job_ids reads in one call (a queue's lists and the unacked hash): a
+# queue holding more is left to the visibility-timeout reconcile. Measured on this 2-core
+# machine under load: 5,000 messages of 741 bytes took 110-190 ms to read and parse, so 2,000
+# (~40-75 ms), at most once per queue every 10 s (jobs.relay).
+MAX_SCANNED = 2000
+
+
+def held_job_ids(queue: str) -> set[str] | None:
+    """Ids of the jobs whose message Redis holds for `queue` (waiting in one of its lists) or
+    anywhere in a worker's hands (unacknowledged, prefetched or counting down), read in one
+    MULTI; None when that is more than MAX_SCANNED messages or Redis cannot tell.
+
+    With BACKLOT['ATOMIC_FETCH'] off, a message a consumer popped and has not yet recorded in
+    `unacked` (kombu's BRPOP and its unacked write are two round trips) is in neither: one read
+    at that instant over-reports it missing, and its re-sent copy is dropped at claim (with it
+    on, jobs.broker.fetch pops and records a message in one step)."""
+    connection: Any
+    try:
+        # The broker's own Redis (its URL, database, key prefix, Sentinel), which need not be
+        # the platform's REDIS_URL: reading another would report every message missing.
+        with current_app.pool.acquire(block=True, timeout=5) as connection:
+            channel = connection.default_channel
+            prefix = channel.global_keyprefix or ""
+            client = redis.Redis(connection_pool=channel.client.connection_pool)
+            keys = [f"{prefix}{key}" for key in queue_keys(queue)]
+            unacked = f"{prefix}{channel.unacked_key}"
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.llen(key)
+            pipe.hlen(unacked)
+            if sum(pipe.execute()) > MAX_SCANNED:
+                return None
+            pipe = client.pipeline(transaction=True)
+            for key in keys:
+                pipe.lrange(key, 0, -1)
+            pipe.hvals(unacked)
+            *lists, taken = pipe.execute()
+    except (*BROKER_ERRORS, TimeoutError):
+        return None
+    ids = [_message_id(raw) for found in lists for raw in found]
+    ids += [_message_id(loads(stored)[0]) for stored in taken]
+    return {job_id for job_id in ids if job_id is not None}
+
+
+def _message_id(message: Any) -> str | None:
+    """The task id of a Celery message (protocol 2: in its headers), raw or decoded."""
+    try:
+        body = loads(message) if isinstance(message, (bytes, str)) else message
+        job_id = body["headers"]["id"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return job_id if isinstance(job_id, str) else None
+
+
+def idle_queues(queues: Sequence[str]) -> list[str]:
+    """The queues that hold no message in Redis, when nothing is unacknowledged either; []
+    when Redis cannot tell."""
+    try:
+        if unacknowledged():
+            return []
+        return [queue for queue, depth in queue_depths(queues).items() if not depth]
+    except (RedisError, OSError):
+        return []

@@ -1,0 +1,315 @@
+"""The atomic fetch: a worker takes a message from Redis and records it as taken in one step.
+
+kombu's Redis transport takes a message in two round trips: BRPOP (the server removes it from
+its list), then QoS.append's MULTI (`unacked`, `unacked_index` and, in Backlot's workers,
+`backlot:reserved`). A worker killed between the two left the message in no list and in no
+`unacked` entry: gone from Redis. Here, as Sidekiq Pro's super_fetch does with its per-process
+list, one Lua script pops the first message of the first non-empty list in kombu's order
+(priority steps first, then the channel's queue cycle) and, in the same step, writes it into
+`unacked` (the value kombu writes, `[message, exchange, routing_key]`, built around the raw
+message so that nothing in it is re-encoded), `unacked_index` (Redis' own clock) and
+`backlot:reserved` (delivery tag → the channel's holder, jobs.broker.reservations). A message is
+always somewhere: in its list, or in a holder's hands, which jobs.broker.restore gives back once the
+holder's heartbeat lapses. ReservingQoS.append then only keeps it in memory.
+
+A script cannot block, so a consumer whose fetch found nothing waits on doorbells: each task
+message published through kombu (Channel._put, its restores; jobs.broker.restore's script too)
+pushes a
+token on its queue's bell list (`backlot:bell:<queue>`, capped) in the pipeline of the message's
+LPUSH, and the consumer sends BRPOP on its queues' bells with the transport's timeout (1 s),
+then fetches again when it wakes or times out. A bell carries no data: popping one loses
+nothing, and a message pushed without one (another client) is taken within the timeout. A fetch
+that finds the lists empty deletes their bells (any left were for messages already taken).
+
+Installed by class patching in worker processes (`install()`, at worker_init) and, for the
+bells, in every process that publishes (`ring_bells()`, from jobs.worker.celery). A channel without
+a ReservingQoS, or with a consumer that does not acknowledge (Celery's gossip, the reply queues
+of remote control), keeps kombu's BRPOP. `BACKLOT['ATOMIC_FETCH'] = False` turns it all off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from queue import Empty
+from time import monotonic
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import dumps, loads
+from redis.exceptions import NoScriptError, ResponseError
+
+from jobs.broker.reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
+from jobs.core.conf import backlot_settings
+
+logger = logging.getLogger(__name__)
+
+# KEYS: the n lists in kombu's order, then unacked, unacked_index, OWNERS, then the bells of the
+# channel's queues; ARGV: n, the holder ('' for none). Pops the first message of the first
+# non-empty list and records it as taken: {list's index, message, 1}; {index, message, 0} for a
+# message it cannot read a delivery tag, exchange and routing key from (kombu then records it,
+# as it would any); nil (and the bells deleted) when every list is empty. allow-oom: a message
+# moves from its list to `unacked`, so a full noeviction Redis still lets workers drain it.
+_FETCH_BODY = """
+local n = tonumber(ARGV[1])
+for i = 1, n do
+    local payload = redis.call('RPOP', KEYS[i])
+    if payload then
+        local ok, message = pcall(cjson.decode, payload)
+        local properties = ok and type(message) == 'table' and message.properties
+        local info = type(properties) == 'table' and properties.delivery_info
+        local tag = type(properties) == 'table' and properties.delivery_tag
+        if type(tag) ~= 'string' or type(info) ~= 'table'
+            or type(info.exchange) ~= 'string' or type(info.routing_key) ~= 'string' then
+            return {i, payload, 0}
+        end
+        local now = redis.call('TIME')
+        redis.call('ZADD', KEYS[n + 2], tonumber(now[1]) + tonumber(now[2]) / 1000000, tag)
+        redis.call('HSET', KEYS[n + 1], tag, '[' .. payload .. ',' .. cjson.encode(info.exchange)
+            .. ',' .. cjson.encode(info.routing_key) .. ']')
+        if ARGV[2] ~= '' then redis.call('HSET', KEYS[n + 3], tag, ARGV[2]) end
+        return {i, payload, 1}
+    end
+end
+for i = n + 4, #KEYS do redis.call('DEL', KEYS[i]) end
+return false
+"""
+# Redis 7 reads the flags; an older Redis cannot compile the first line and gets the plain body
+# (in effects replication, which TIME needs there).
+_SCRIPTS = [
+    "#!lua flags=allow-oom\n" + _FETCH_BODY,
+    "if redis.replicate_commands then redis.replicate_commands() end\n" + _FETCH_BODY,
+]
+_SHAS = [hashlib.sha1(script.encode()).hexdigest() for script in _SCRIPTS]
+_variant = {"index": 0}
+
+# kombu's Redis channel (its stubs leave the private methods out) and its own methods, which
+# the patched ones fall back to.
+_CHANNEL: Any = kombu_redis.Channel
+_KOMBU_START = _CHANNEL._brpop_start
+_KOMBU_READ = _CHANNEL._brpop_read
+_KOMBU_PUT = _CHANNEL._put
+_KOMBU_RESTORE = _CHANNEL._do_restore_message
+_KOMBU_CONSUME = _CHANNEL.basic_consume
+_state = {"fetch": False}
+
+_FETCH, _BELLS = "fetch", "bells"
+
+
+def enabled() -> bool:
+    """BACKLOT['ATOMIC_FETCH']."""
+    return backlot_settings().ATOMIC_FETCH
+
+
+def install() -> bool:
+    """In a worker's main process, before it consumes (worker_init, after
+    jobs.broker.reservations.install): its channels take messages with the atomic fetch. False (and
+    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off."""
+    ring_bells()
+    _state["fetch"] = enabled()
+    if _state["fetch"]:
+        _CHANNEL._brpop_start = _brpop_start
+        _CHANNEL._brpop_read = _brpop_read
+        _CHANNEL.basic_consume = _basic_consume
+    return _state["fetch"]
+
+
+def ring_bells() -> None:
+    """In every process that publishes (jobs.worker.celery): each task message kombu pushes on a
+    queue rings its bell, in the same pipeline; off with BACKLOT['ATOMIC_FETCH']."""
+    _CHANNEL._put = _put
+    _CHANNEL._do_restore_message = _do_restore_message
+
+
+def ring(pipe: Any, prefix: str, queue: str) -> None:
+    """Add the bell of `queue` to a pipeline of kombu's client (whose LPUSH prefixes the key
+    itself and whose LTRIM does not)."""
+    pipe.lpush(f"{BELL}{queue}", 1)
+    pipe.ltrim(f"{prefix}{BELL}{queue}", 0, BELL_CAP - 1)
+
+
+def _rings(message: Any) -> bool:
+    """Whether a message pushed on a queue rings its bell: a task message, with the setting on
+    (events and remote-control replies go to consumers that keep kombu's BRPOP)."""
+    try:
+        task = message["headers"]["task"]
+    except (KeyError, TypeError):
+        return False
+    return bool(task) and enabled()
+
+
+def _put(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
+    """kombu's Channel._put, and the queue's bell in the same round trip."""
+    if not _rings(message):
+        return _KOMBU_PUT(self, queue, message, **kwargs)
+    batch = kwargs.get("_publish_batch")
+    if batch is not None:  # kombu buffers the message's commands; the bell's join them
+        _KOMBU_PUT(self, queue, message, **kwargs)
+        # One bell per message for the first BELL_CAP messages of a queue in each pipelined
+        # flush, trimmed once: more would wake no more consumers than the cap lets wait, and a
+        # fan-out of 1,000 messages paid two extra commands for each (+45 % Python work per
+        # job, measured). kombu's count of buffered commands only grows between flushes: the
+        # first message, or a count that did not grow, starts a new flush's bells.
+        seen = getattr(batch, "_backlot_seen", None)
+        if seen is None or batch._buffered <= seen:
+            batch._backlot_rung = {}
+        batch._backlot_seen = batch._buffered
+        rung = batch._backlot_rung.get(queue, 0)
+        if rung < BELL_CAP:
+            batch.add("lpush", f"{BELL}{queue}", 1)
+            if rung in (0, BELL_CAP - 1):  # trimmed at a flush's first bell and at its last:
+                # the list never holds more than twice the cap, and the cap after a full flush
+                batch.add("ltrim", f"{self.global_keyprefix}{BELL}{queue}", 0, BELL_CAP - 1)
+            batch._backlot_rung[queue] = rung + 1
+        return None
+    key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+    with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+        pipe.lpush(key, dumps(message))
+        if self._expires and queue in self._expires:
+            for step in self.priority_steps:
+                pipe.pexpire(self._q_for_pri(queue, step), self._expires[queue])
+        ring(pipe, self.global_keyprefix, queue)
+        pipe.execute()
+    return None
+
+
+def _do_restore_message(
+    self: Any, payload: Any, exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
+) -> None:
+    """kombu's restore of an unacknowledged message to its queue (a reject with requeue, a
+    channel closing, the visibility timeout), ringing the queue's bell in its transaction."""
+    _KOMBU_RESTORE(self, payload, exchange, routing_key, pipe, leftmost)
+    if not _rings(payload):
+        return
+    try:
+        queues = list(self._lookup(exchange, routing_key))
+    except Exception:  # noqa: BLE001 - kombu logged it; the message waits one poll at most
+        return
+    for queue in queues:
+        ring(pipe, self.global_keyprefix, queue)
+
+
+def _basic_consume(self: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
+    """kombu's basic_consume, remembering the queues consumed without acknowledgements: their
+    messages must not be recorded as taken (nothing would acknowledge them)."""
+    no_ack = kwargs.get("no_ack", args[0] if args else False)
+    plain = self.__dict__.setdefault("_backlot_no_ack", set())
+    if no_ack:
+        plain.add(queue)
+    else:
+        plain.discard(queue)
+    return _KOMBU_CONSUME(self, queue, *args, **kwargs)
+
+
+def _fetches(channel: Any) -> bool:
+    """Whether this channel takes its messages with the atomic fetch."""
+    if not _state["fetch"] or not isinstance(channel.qos, ReservingQoS):
+        return False
+    plain = channel.__dict__.get("_backlot_no_ack")
+    return not (plain and plain.intersection(channel.active_queues))
+
+
+def _brpop_start(self: Any, timeout: Any = None) -> None:
+    """Take the next message: the fetch script, or kombu's BRPOP (see `_fetches`)."""
+    if not _fetches(self):
+        self._backlot_phase = None
+        return _KOMBU_START(self, timeout)
+    queues = self._queue_cycle.consume(len(self.active_queues))
+    if not queues:
+        return None
+    # The poller calls the handler bound when the channel was made (before install(), for a
+    # channel opened that early): make it this module's.
+    self.handlers["BRPOP"] = self._brpop_read
+    self._backlot_queues = list(queues)
+    self._backlot_wait = timeout or self.brpop_timeout or 1
+    self._in_poll = self.client.connection
+    _send_fetch(self)
+    return None
+
+
+def _send_fetch(channel: Any, *, load: bool = False) -> None:
+    prefix = channel.global_keyprefix
+    queues = channel._backlot_queues
+    lists = [
+        f"{prefix}{channel._q_for_pri(queue, step)}"
+        for step in channel.priority_steps
+        for queue in queues
+    ]
+    keys = [
+        *lists,
+        f"{prefix}{channel.unacked_key}",
+        f"{prefix}{channel.unacked_index_key}",
+        f"{prefix}{OWNERS}",
+        *(f"{prefix}{BELL}{queue}" for queue in queues),
+    ]
+    owner = getattr(channel.qos, "owner", None) or ""
+    variant = _variant["index"]
+    command = ("EVAL", _SCRIPTS[variant]) if load else ("EVALSHA", _SHAS[variant])
+    channel._backlot_phase = _FETCH
+    channel._backlot_loaded = load
+    channel._brpop_sent_at = monotonic()
+    channel.client.connection.send_command(*command, len(keys), *keys, len(lists), owner)
+
+
+def _send_bells(channel: Any) -> None:
+    prefix = channel.global_keyprefix
+    bells = [f"{prefix}{BELL}{queue}" for queue in channel._backlot_queues]
+    channel._backlot_phase = _BELLS
+    channel._brpop_sent_at = monotonic()
+    channel.client.connection.send_command("BRPOP", *bells, channel._backlot_wait)
+
+
+def _brpop_read(self: Any, **options: Any) -> bool:
+    """The reply to what `_brpop_start` sent: a message is delivered (it is already recorded
+    as this holder's); an empty fetch sends BRPOP on the bells; a bell or its timeout ends the
+    round (the next poll fetches again). A script Redis lost (a restart, SCRIPT FLUSH) is sent
+    again in full; connection errors disconnect and raise, as kombu's BRPOP does."""
+    phase = getattr(self, "_backlot_phase", None)
+    if phase is None:
+        return bool(_KOMBU_READ(self, **options))
+    pending = False
+    try:
+        try:
+            reply = self.client.parse_response(
+                self.client.connection, "EVALSHA" if phase == _FETCH else "BRPOP", **options
+            )
+        except NoScriptError:
+            if not self._closing:  # a closing channel reads its last reply and sends nothing
+                _send_fetch(self, load=True)
+                pending = True
+            raise Empty() from None
+        except self.connection_errors:
+            self.client.connection.disconnect()
+            raise
+        except ResponseError as exc:
+            if phase == _FETCH and _variant["index"] == 0 and "compiling" in str(exc).lower():
+                _variant["index"] = 1  # a Redis before 7 reads no flags
+                _send_fetch(self, load=True)
+                pending = True
+                raise Empty() from None
+            self.client.connection.disconnect()
+            raise
+        if phase == _BELLS:
+            raise Empty()
+        if not reply:
+            if not self._closing:
+                _send_bells(self)
+                pending = True
+            raise Empty()
+        index, payload, recorded = reply
+        queues = self._backlot_queues
+        queue = queues[(int(index) - 1) % len(queues)]
+        message = loads(bytes_to_str(payload))
+        self._queue_cycle.rotate(queue)
+        if int(recorded):
+            self.qos.fetched(message["properties"]["delivery_tag"])
+        self.connection._deliver(message, queue)
+        return True
+    finally:
+        if not pending:
+            self._in_poll = None
+            self._backlot_phase = None
+            flush = getattr(self, "_flush_brpop_reauth", None)
+            if flush is not None:
+                flush()

@@ -1,0 +1,243 @@
+"""Which worker holds which message, the worker's side: a heartbeat per worker process and a
+record of what it took from Redis, so that the messages a dead worker held go back to their
+queue within seconds instead of after the broker's visibility timeout (Sidekiq Pro's
+super_fetch, per process). The relay's sweep that gives them back is jobs.broker.restore.
+
+kombu's Redis transport keeps every message a worker took and has not acknowledged (the
+prefetched ones, the running ones, those waiting for their countdown) in its `unacked` hash,
+delivery tag → message, and gives it back only once the visibility timeout (2 h) has passed: a
+lost host strands concurrency x prefetch jobs per worker that long. Here:
+
+- a worker's main process has an id of its own (node name, pid and a random part: a worker
+  restarted under the same name is another worker), and each channel it opens is a holder of
+  that id and a sequence number, whose `backlot:worker:<holder>` key a thread of the process
+  keeps alive (TTL HEARTBEAT_TTL, every HEARTBEAT_EVERY seconds) while the channel is open;
+- each holder (ReservingQoS) records the messages it takes in `backlot:reserved` (delivery tag
+  → holder) in the MULTI/EXEC that puts them in `unacked` (or jobs.broker.fetch's atomic fetch
+  writes
+  both in the script that pops the message), and drops the record in the one that acknowledges
+  or requeues them: the record and the unacked entry come and go together;
+- once a holder's heartbeat is gone, jobs.broker.restore moves what it held back to its queue.
+
+A prefetched job runs once, on the next worker that takes it (the ledger's claim).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import threading
+import time
+import weakref
+from typing import Any
+
+import redis
+from celery import current_app
+from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
+from kombu.utils.json import dumps
+
+logger = logging.getLogger(__name__)
+
+# delivery tag → the holder of the message (while it is in `unacked`): a worker's channel.
+OWNERS = "backlot:reserved"
+# Holders that may hold messages (each with a heartbeat while its channel is open).
+WORKERS = "backlot:workers"
+HEARTBEAT = "backlot:worker:"
+# Messages given back to their queue because their worker died, and those dropped instead
+# because their job was running or finished (counts; for /metrics).
+RESTORED = "backlot:metrics:reservations_restored"
+DROPPED = "backlot:metrics:reservations_dropped"
+# A queue's doorbell (jobs.broker.fetch): a token pushed with each of its task messages, which a
+# consumer waiting for one pops; at most BELL_CAP wait (they carry nothing).
+BELL = "backlot:bell:"
+BELL_CAP = 100
+# A worker whose heartbeat is this old is dead. Refreshed every HEARTBEAT_EVERY s: five missed
+# refreshes in a row (a main process stalled that long is frozen, not busy) before its
+# messages go back; with the relay's 1 s sweep, they run again about 16 s after the death.
+HEARTBEAT_TTL = 15
+HEARTBEAT_EVERY = 3.0
+# A channel's first heartbeat, written before the pool has started (a few seconds; more on a
+# loaded 2-core machine), lasts this long: the thread's refreshes begin once the worker is ready.
+STARTUP_TTL = 60
+
+
+class ReservingQoS(kombu_redis.QoS):
+    """kombu's Redis QoS that also records which holder took each message (see the module
+    docstring): installed on the transport's Channel in worker processes by `install()`.
+
+    Each channel is a holder of its own (`owner`: the worker's id and a sequence number),
+    alive while the channel is open: a channel dropped with its connection (Redis restarted,
+    a network cut) leaves what it held in `unacked`, and Celery forgets those messages with it;
+    once its heartbeat lapses they go back to their queue like a dead worker's."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owner = heartbeat.register(self)
+        self._fetched: str | None = None
+
+    def fetched(self, delivery_tag: str) -> None:
+        """The message about to be delivered is in `unacked` and recorded as this holder's
+        already (jobs.broker.fetch took it in one step): its append is in memory only."""
+        self._fetched = delivery_tag
+
+    def append(self, message: Any, delivery_tag: str) -> None:
+        if delivery_tag == self._fetched:
+            self._fetched = None
+            return virtual.QoS.append(self, message, delivery_tag)
+        if self.owner is None:
+            return super().append(message, delivery_tag)
+        delivery = message.delivery_info
+        stored = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+        # As kombu's QoS.append, with the owner record in the same MULTI/EXEC.
+        with self.pipe_or_acquire() as pipe:
+            pipe.zadd(self.unacked_index_key, {delivery_tag: time.time()}).hset(
+                self.unacked_key, delivery_tag, stored
+            ).hset(OWNERS, delivery_tag, self.owner).execute()
+            virtual.QoS.append(self, message, delivery_tag)
+        return None
+
+    def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
+        # Every ack, reject and restore of kombu's QoS goes through here (a private method
+        # kombu's type stubs leave out).
+        if pipe is None and self._connection_closed():
+            # The ack of a job that finished after its channel's connection was closed (a Redis
+            # failover or restart): kombu would rebuild the pool from the closed connection and
+            # raise AttributeError, which Celery does not catch, and the worker would exit. A
+            # connection error is logged ("Couldn't ack") instead; the message stays in
+            # `unacked` until this holder's heartbeat lapses, and its copy is dropped at claim.
+            raise redis.ConnectionError("the channel's broker connection is closed")
+        removed = super()._remove_from_indices(delivery_tag, pipe)  # type: ignore[misc]
+        return removed.hdel(OWNERS, delivery_tag)
+
+    def restore_unacked(self, client: Any = None) -> None:
+        """What the channel held, back to its queues when it closes; not when its connection
+        is already gone (the consumer closing it after a failover): kombu would rebuild the
+        pool out of the closed connection and the AttributeError would stop the worker. The
+        messages stay in `unacked` and go back once this holder's heartbeat lapses."""
+        if client is None and self._connection_closed():
+            logger.warning(
+                "%d message(s) this channel held stay in unacked: its broker connection is "
+                "closed; they go back to their queue once its heartbeat lapses",
+                len(self._delivered or ()),
+            )
+            return
+        super().restore_unacked(client)
+
+    def _connection_closed(self) -> bool:
+        """Whether kombu has dropped this channel's connection details (the connection was
+        closed): no Redis client can be built for it any more."""
+        return getattr(getattr(self.channel, "connection", None), "client", None) is None
+
+    @property
+    def open(self) -> bool:
+        return not getattr(self.channel, "closed", True)
+
+
+def plain_client(client: Any) -> redis.Redis:
+    """A client on the broker's connection pool that does not prefix keys (kombu's
+    PrefixedStrictRedis prefixes only some commands; the keys here carry the prefix)."""
+    return redis.Redis(connection_pool=client.connection_pool)
+
+
+class Heartbeat:
+    """The worker process' id, its holders (one per open channel) and the thread that keeps
+    their heartbeats alive."""
+
+    def __init__(self) -> None:
+        self.worker_id: str | None = None
+        self._holders: weakref.WeakSet[ReservingQoS] = weakref.WeakSet()
+        self._count = 0
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._connection: Any = None
+        self._failing = False
+        self._app: Any = None
+        self._pid = 0
+
+    def install(self, *, node: str, app: Any = None) -> str:
+        """Become worker `node`'s keeper of reservations, before its consumer takes anything:
+        the channels it opens from now on record what they take."""
+        self.worker_id = f"{node}:{os.getpid()}:{secrets.token_hex(4)}"
+        self._pid = os.getpid()
+        self._app = app or current_app
+        if not issubclass(kombu_redis.Channel.QoS, ReservingQoS):
+            kombu_redis.Channel.QoS = ReservingQoS
+        return self.worker_id
+
+    def register(self, holder: ReservingQoS) -> str | None:
+        """A new channel's holder id, beating at once: for STARTUP_TTL until the thread runs
+        (the pool starts after the consumer), then HEARTBEAT_TTL. None outside a worker."""
+        if self.worker_id is None or self._pid != os.getpid():
+            return None  # not a worker, or one of its pool processes (they take no messages)
+        with self._lock:
+            self._count += 1
+            owner = f"{self.worker_id}/{self._count}"
+            self._holders.add(holder)
+        running = self._thread is not None and self._thread.is_alive()
+        self._beat([owner], HEARTBEAT_TTL if running else STARTUP_TTL)
+        return owner
+
+    def keep_alive(self) -> None:
+        """Refresh the heartbeats from a thread of this process, every HEARTBEAT_EVERY s.
+        Started once the pool has forked (a process that forks with threads running may hand
+        a held lock to its children)."""
+        if self.worker_id is None or (self._thread is not None and self._thread.is_alive()):
+            return
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="backlot-heartbeat", daemon=True)
+        self._thread.start()
+
+    def beat(self) -> None:
+        """One heartbeat for every holder whose channel is still open."""
+        with self._lock:
+            owners = [h.owner for h in list(self._holders) if h.open and h.owner]
+        if owners:
+            self._beat(owners, HEARTBEAT_TTL)
+
+    def _beat(self, owners: list[str], ttl: int) -> None:
+        try:
+            with self._lock:
+                if self._connection is None:
+                    self._connection = self._app.connection_for_write()
+                channel = self._connection.default_channel
+            prefix = channel.global_keyprefix
+            pipe = plain_client(channel.client).pipeline(transaction=True)
+            for owner in owners:
+                pipe.set(f"{prefix}{HEARTBEAT}{owner}", int(time.time()), ex=ttl)
+            pipe.sadd(f"{prefix}{WORKERS}", *owners)
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - the broker is away: the next beat retries
+            if not self._failing:
+                logger.warning("Worker heartbeat failed (%s): %s", type(exc).__name__, exc)
+            self._failing = True
+            with self._lock:
+                connection, self._connection = self._connection, None
+            if connection is not None:
+                with contextlib.suppress(Exception):  # broken: dropped anyway
+                    connection.release()
+            return
+        if self._failing:
+            logger.info("Worker heartbeat is back")
+        self._failing = False
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(HEARTBEAT_EVERY)
+            self.beat()
+
+
+heartbeat = Heartbeat()
+
+
+def install(*, node: str, app: Any = None) -> str:
+    """In a worker's main process, before it consumes (worker_init): record what it
+    reserves. Returns the worker's id."""
+    return heartbeat.install(node=node, app=app)
+
+
+def keep_alive() -> None:
+    """In a worker's main process once it is ready (worker_ready): keep its heartbeat."""
+    heartbeat.keep_alive()

@@ -1,0 +1,60 @@
+"""Checks that job arguments are plain JSON and small, naming the first offending value."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from jobs.core.exceptions import InvalidPayload, PayloadTooLarge
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _find_non_json(value: Any, path: str) -> str | None:
+    if isinstance(value, _JSON_SCALARS):
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{path} is {value!r}, which JSON cannot represent"
+        if isinstance(value, str) and "\x00" in value:
+            return f"{path} contains a NUL character, which the database cannot store"
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_non_json(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a non-string key {key!r} ({type(key).__name__})"
+            if "\x00" in key:
+                return f"{path} has a key with a NUL character, which the database cannot store"
+            found = _find_non_json(item, f"{path}[{key!r}]")
+            if found:
+                return found
+        return None
+    return (
+        f"{path} is a {type(value).__module__}.{type(value).__qualname__}, which is not "
+        "JSON-serializable; pass ids and plain values (str, int, float, bool, None, list, dict)"
+    )
+
+
+def payload_check(*, task_name: str, args: tuple | list, kwargs: dict, max_bytes: int) -> int:
+    """Raise InvalidPayload unless args/kwargs are plain JSON under max_bytes; return the size."""
+    found = _find_non_json(list(args), "args") or _find_non_json(kwargs, "kwargs")
+    if found:
+        raise InvalidPayload(f"Cannot enqueue {task_name}: {found}.")
+    size = len(json.dumps([list(args), kwargs], separators=(",", ":")).encode())
+    if size > max_bytes:
+        raise PayloadTooLarge(
+            f"Cannot enqueue {task_name}: arguments are {size} bytes as JSON, over the "
+            f"{max_bytes}-byte limit (BACKLOT['MAX_PAYLOAD_BYTES']); "
+            "store the data and pass its id."
+        )
+    return size
+
+
+def json_problem(value: Any, path: str) -> str | None:
+    """What makes `value` unfit to store or send as JSON (None when it is fine)."""
+    return _find_non_json(value, path)

@@ -1,0 +1,416 @@
+"""Accepting jobs: check the payload, write the ledger row in the caller's transaction, publish
+after commit (the row is the outbox: what the broker did not take, the relay sends later).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import IntegrityError, transaction
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+
+from jobs import ledger
+from jobs.broker import broker, slots
+from jobs.core import context, events, tracing
+from jobs.core.conf import backlot_settings
+from jobs.core.exceptions import BrokerUnavailable
+from jobs.core.options import (
+    check_arguments,
+    check_priority,
+    check_queue,
+    resolve_start,
+    storable_options,
+)
+from jobs.core.payload import payload_check
+from jobs.core.policies import RetryPolicy
+from jobs.core.states import JobState
+from jobs.models import Job
+
+
+class Enqueueable(broker.Publishable, Protocol):
+    """What enqueue needs of a task (PlatformTask has it)."""
+
+    track: bool
+    default_priority: int
+    policy: RetryPolicy
+
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobHandle:
+    """What enqueue returns: the job id, and whether this call created the job."""
+
+    id: str
+    task_name: str
+    created: bool = True
+
+    @property
+    def status_url(self) -> str:
+        """The job's status route (BACKLOT['STATUS_URL_NAME'])."""
+        name = backlot_settings().STATUS_URL_NAME
+        try:
+            return reverse(name, kwargs={"job_id": self.id})
+        except NoReverseMatch as exc:
+            raise ImproperlyConfigured(
+                f"No URL named {name!r} for a job's status: mount jobs.web.api.router on your "
+                "NinjaAPI, or set BACKLOT['STATUS_URL_NAME'] to its '<namespace>:job_status'"
+            ) from exc
+
+    def job(self) -> Job:
+        return Job.objects.get(id=self.id)
+
+
+def _lineage(owner: Any, detached: bool) -> dict[str, Any]:
+    """owner_id and parent_id of a new job (see enqueue)."""
+    running = None if detached else context.running_job()
+    user = owner if getattr(owner, "pk", None) else context.acting_user()
+    return {
+        "owner_id": user.pk if user is not None else (running.owner_id if running else None),
+        "parent_id": running.job_id if running else None,
+    }
+
+
+def _born_cancelled(job: Job, now: datetime, parent_stopping: bool | None = None) -> bool:
+    """A job enqueued by a job that is cancelled or asked to stop (a chord's callback sent
+    after its cancelled member, a child enqueued before the run saw its request) is cancelled
+    at birth: written as cancelled, never published. `parent_stopping`: the caller knows it
+    (the parent has finished, so it no longer changes), else it is read."""
+    if job.parent_id is None:
+        return False
+    if parent_stopping is None:
+        parent_stopping = Job.objects.stopping().filter(id=job.parent_id).exists()
+    if not parent_stopping:
+        return False
+    job.state = JobState.CANCELLED
+    job.cancel_requested_at = job.finished_at = now
+    job.scheduled_for = None
+    return True
+
+
+def _join_batch(job: Job, task: Enqueueable) -> context.JoiningBatch | None:
+    """The batch open around this enqueue (``with jobs.batch(...)``), which the job joins; its
+    counters take the job when the block ends, in the same transaction."""
+    joining = context.joining_batch()
+    if joining is None:
+        return None
+    if not task.track:
+        raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
+    job.batch_id = joining.batch_id
+    return joining
+
+
+# What _insert did with a job sent under a given id (see there).
+INSERTED, REFUSED, REVOKED = "inserted", "refused", "revoked"
+
+
+def _insert(job: Job, *, replacing: bool) -> str:
+    """Insert the job's row (one INSERT is atomic on its own: no BEGIN/COMMIT round trip).
+
+    A job sent with a given id may be the task that Celery's Task.replace() froze with the id
+    of the job it replaces: it takes that job's row over (jobs.ledger.replace). REFUSED when
+    that job was cancelled meanwhile: the replacement is not sent, as a cancelled job's
+    children are not. REVOKED when the id is a cancelled job's (a frozen signature sent again
+    in another canvas): as a revoked id in Celery, its message is sent and discarded by the
+    worker, and the row stays cancelled. The id of a job that is still active or ran to its
+    end is refused with a ValueError naming it (one id, one job)."""
+    if not replacing:
+        ledger.insert(job)
+        return INSERTED
+    in_transaction = transaction.get_connection().in_atomic_block
+    try:
+        # a failed INSERT inside the caller's transaction must not break it: a savepoint then
+        with transaction.atomic() if in_transaction else nullcontext():
+            ledger.insert(job)
+        return INSERTED
+    except IntegrityError:
+        if ledger.take_over(job):
+            return INSERTED
+        held = Job.objects.filter(id=job.id).values_list("state", "error", "task_name").first()
+        if held is None:
+            raise
+        state, error, task_name = held
+        if state == JobState.CANCELLED:
+            return REFUSED if error == ledger.REPLACED else REVOKED
+        raise ValueError(
+            f"task_id {job.id} is already the id of a {state} job of {task_name}: a job id "
+            "names one job; send this one without task_id (a new id)"
+        ) from None
+
+
+def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
+    if on_commit:
+        transaction.on_commit(send)
+    else:
+        send()
+
+
+def enqueue(
+    *,
+    task: Enqueueable,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    priority: int | None = None,
+    delay: float | None = None,
+    eta: datetime | None = None,
+    on_commit: bool = True,
+    owner: Any = None,
+    task_id: str | None = None,
+    queue: str | None = None,
+    publish_options: Mapping[str, Any] | None = None,
+    detached: bool = False,
+    trace_parent: Mapping[str, str] | None = None,
+    parent_stopping: bool | None = None,
+) -> JobHandle:
+    """Accept a job: check its payload, write its ledger row, publish after commit.
+
+    With an idempotency key, a second enqueue while the first job is active (or succeeded
+    within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
+    The job belongs to `owner`, else to the user acted for, else to the owner of the running
+    job that enqueues it, whose child it is unless `detached` (jobs.core.context). Its trace is the
+    current one, or `trace_parent`'s (a replay joins its original job's trace; jobs.core.tracing).
+    """
+    args, kwargs = list(args), dict(kwargs or {})
+    if not on_commit and transaction.get_connection().in_atomic_block:
+        raise ValueError(
+            "on_commit=False inside a transaction would publish a job whose ledger row the "
+            "worker cannot see yet; enqueue after the transaction, or keep on_commit=True"
+        )
+    conf = backlot_settings()
+    queue = check_queue(queue or task.queue_name)
+    check_arguments(task, args, kwargs)
+    payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=conf.MAX_PAYLOAD_BYTES)
+    priority = check_priority(task.default_priority if priority is None else priority)
+    now = timezone.now()
+    start_at = resolve_start(delay, eta, now)
+    job_id = uuid.UUID(task_id) if task_id else uuid.uuid4()
+    job = Job(
+        id=job_id,
+        task_name=task.name,
+        args=args,
+        kwargs=kwargs,
+        queue=queue,
+        priority=priority,
+        **_lineage(owner, detached),
+        idempotency_key=idempotency_key or "",
+        state=JobState.SCHEDULED if start_at else JobState.QUEUED,
+        max_attempts=task.policy.max_attempts,
+        enqueued_at=now,
+        scheduled_for=start_at,
+        publish_options=storable_options(publish_options),
+        trace_context=tracing.job_published(
+            queue=queue, task=task.name, job_id=str(job_id), parent=trace_parent
+        ),
+    )
+    joining = _join_batch(job, task)
+    if not task.track:
+        if idempotency_key:
+            raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
+        _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
+        return JobHandle(id=str(job.id), task_name=task.name)
+    if _born_cancelled(job, now, parent_stopping):
+        if task_id is not None and Job.objects.filter(id=job.id).exists():
+            # the task of a Task.replace(), its replaced job's row already there: nothing to send
+            return JobHandle(id=str(job.id), task_name=task.name)
+        ledger.insert(job)
+        if joining is not None:
+            joining.born_cancelled += 1
+        return JobHandle(id=str(job.id), task_name=task.name)
+
+    if idempotency_key:
+        ttl = timedelta(seconds=conf.IDEMPOTENCY_TTL)
+        holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
+        if holder is not None:  # not a new member: the job that holds the key is another's
+            return JobHandle(id=str(holder.id), task_name=task.name, created=False)
+    else:
+        inserted = _insert(job, replacing=task_id is not None)
+        if inserted == REFUSED:  # its replaced job was cancelled
+            return JobHandle(id=str(job.id), task_name=task.name)
+        if inserted == REVOKED:  # sent for the worker to discard, as Celery's revoked ids
+
+            def resend_revoked() -> None:
+                publish_job(job=job, task=task, options=publish_options, mark_published=False)
+
+            _on_commit_or_now(on_commit, resend_revoked)
+            return JobHandle(id=str(job.id), task_name=task.name, created=False)
+    if joining is not None:
+        joining.added += 1
+    publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN
+
+    def accepted() -> None:
+        if publishes:  # long delays wait in the ledger; the relay publishes them when due
+            publish_job(job=job, task=task, options=publish_options)
+        _announce(job)
+
+    _on_commit_or_now(on_commit, accepted)
+    return JobHandle(id=str(job.id), task_name=task.name)
+
+
+def _announce(job: Job) -> None:
+    events.send(
+        events.job_enqueued,
+        task=job.task_name,
+        job_id=str(job.id),
+        queue=job.queue,
+        priority=job.priority,
+        scheduled_for=job.scheduled_for,
+        owner_id=job.owner_id,
+    )
+
+
+def _publish_untracked(job: Job, task: Enqueueable, options: Mapping[str, Any] | None) -> None:
+    """An untracked job has no ledger row to wait in: a broker outage is the caller's error."""
+    if not publish_job(job=job, task=task, options=options):
+        raise BrokerUnavailable(f"Broker unavailable: untracked job {task.name} was not sent")
+    _announce(job)
+
+
+def publish_job(
+    *,
+    job: Job,
+    task: Enqueueable,
+    options: Mapping[str, Any] | None = None,
+    mark_published: bool = True,
+) -> bool:
+    """Hand a job's message to the broker and mark its row published; False (the row stays
+    in the outbox) when the broker is unavailable."""
+    now = timezone.now()
+    eta = job.scheduled_for if job.scheduled_for and job.scheduled_for > now else None
+    if eta is None and slots.limited(task) and _parked(task, [job], options):
+        sent = (
+            True  # it waits at its gate, which publishes it when its slot comes (jobs.broker.slots)
+        )
+    else:
+        sent = broker.publish(
+            task=task,
+            job_id=str(job.id),
+            args=job.args,
+            kwargs=job.kwargs,
+            queue=job.queue,
+            priority=job.priority,
+            eta=eta,
+            options={**(job.publish_options or {}), **dict(options or {})},
+            trace_context=job.trace_context,
+        )
+    if sent and task.track and mark_published:
+        ledger.mark_published([job.id], now=now)
+    return sent
+
+
+def _parked(task: Enqueueable, jobs: Sequence[Job], options: Mapping[str, Any] | None) -> set[str]:
+    """Park due jobs of a rate- or concurrency-limited task at their gates instead of the
+    queue; returns the ids parked: none when Redis is unavailable, and none of a call its
+    limits leave unlimited (a mapping without its key or "*"): those are published as usual."""
+    parked = slots.park(
+        task,
+        [
+            slots.Parking(
+                job_id=str(job.id),
+                args=job.args,
+                kwargs=job.kwargs,
+                queue=job.queue,
+                priority=job.priority,
+                options={**(job.publish_options or {}), **dict(options or {})},
+                trace=job.trace_context,
+            )
+            for job in jobs
+        ],
+    )
+    return set(parked)
+
+
+def enqueue_many(
+    task: Enqueueable,
+    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
+    *,
+    priority: int | None = None,
+    owner: Any = None,
+    on_commit: bool = True,
+    queue: str | None = None,
+    replay_of: Sequence[int] | None = None,
+    detached: bool = False,
+) -> list[str]:
+    """Accept many jobs of one task at once; returns their ids, in the order of `calls`.
+
+    For fan-outs (a campaign's recipients): ledger rows by COPY, messages through one pipelined
+    publish, each chunk marked published once the broker took it. No idempotency keys here:
+    the caller records which items it enqueued in the same transaction. Every payload is
+    checked before anything is written, so a bad one fails the whole call and nothing is
+    half-accepted (arguments are checked against the job's signature the same way).
+    """
+    priority = check_priority(task.default_priority if priority is None else priority)
+    max_bytes = backlot_settings().MAX_PAYLOAD_BYTES
+    links: list[int | None] = list(replay_of) if replay_of is not None else [None] * len(calls)
+    rows = []
+    for (call_args, call_kwargs), link in zip(calls, links, strict=True):
+        args, kwargs = list(call_args), dict(call_kwargs)
+        check_arguments(task, args, kwargs)
+        payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
+        rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
+    queue = check_queue(queue or task.queue_name) if task.track else queue or task.queue_name
+    carrier = tracing.job_published(queue=queue, task=task.name, count=len(rows))
+    if task.track:
+        prototype = Job(
+            task_name=task.name,
+            queue=queue,
+            priority=priority,
+            **_lineage(owner, detached),
+            state=JobState.QUEUED,
+            max_attempts=task.policy.max_attempts,
+            enqueued_at=timezone.now(),
+            trace_context=carrier,
+        )
+        joining = _join_batch(prototype, task)
+        if _born_cancelled(prototype, prototype.enqueued_at):
+            ledger.insert_many(prototype=prototype, rows=rows)
+            if joining is not None:
+                joining.born_cancelled += len(rows)
+            return [str(row.id) for row in rows]
+        ledger.insert_many(prototype=prototype, rows=rows)
+        if joining is not None:
+            joining.added += len(rows)
+    elif context.joining_batch() is not None:
+        raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
+
+    def publish() -> None:
+        todo = rows
+        if slots.limited(task):  # they wait at their gates, which publish them (jobs.broker.slots)
+            waiting = [
+                Job(id=row.id, args=row.args, kwargs=row.kwargs, queue=queue, priority=priority)
+                for row in rows
+            ]
+            for job in waiting:
+                job.trace_context = carrier
+            parked = sorted(_parked(task, waiting, None))
+            for start in range(0, len(parked), ledger.BULK_BATCH) if task.track else ():
+                ledger.mark_published(parked[start : start + ledger.BULK_BATCH])
+            kept = set(parked)
+            todo = [row for row in rows if str(row.id) not in kept]
+            if not todo:
+                return
+        messages = [(str(row.id), row.args, row.kwargs) for row in todo]
+        sent = broker.publish_many(
+            task=task,
+            jobs=messages,
+            queue=queue,
+            priority=priority,
+            trace_context=carrier,
+            on_chunk=ledger.mark_published if task.track else None,
+        )
+        if sent < len(todo) and not task.track:
+            raise BrokerUnavailable(
+                f"Broker unavailable: {len(todo) - sent} untracked {task.name} jobs not sent"
+            )
+
+    _on_commit_or_now(on_commit, publish)
+    return [str(row.id) for row in rows]

@@ -1,0 +1,148 @@
+"""Health and Prometheus metrics endpoints; the job pages (a job's status, "My jobs")."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from jobs.core.conf import backlot_settings
+from jobs.core.exceptions import AlreadyFinished
+from jobs.core.states import ACTIVE_STATES, JobState
+from jobs.enqueue.submit import JobHandle
+from jobs.flow.cancellation import cancel
+from jobs.flow.deadletters import audit
+from jobs.models import Batch, Job
+from jobs.web.metrics import BacklotCollector
+from jobs.web.monitoring import health_report
+
+_registry = CollectorRegistry(auto_describe=False)
+_registry.register(BacklotCollector())
+
+
+@never_cache
+@require_GET
+def health(request: HttpRequest) -> JsonResponse:
+    """Status for load balancers and uptime checks; per-check details for staff or the
+    metrics token only (they name hosts, workers and queue sizes)."""
+    status, details = health_report()
+    body: dict = {"status": status}
+    if request.user.is_staff or _has_metrics_token(request):
+        body.update(details)
+    return JsonResponse(body, status=503 if status == "down" else 200)
+
+
+def _has_metrics_token(request: HttpRequest) -> bool:
+    """The request carries `Authorization: Bearer <METRICS_TOKEN>` (never true while unset)."""
+    token = backlot_settings().METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if not token or not header.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(header.removeprefix("Bearer ").strip().encode(), token.encode())
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text for the METRICS_TOKEN bearer or a staff session. Open to anyone only
+    with DEBUG on and no token set (`make run`); system check jobs.W005 warns when the token is
+    unset with DEBUG off, where scrapers get 401 (queue names and sizes are not public)."""
+    open_for_debug = settings.DEBUG and not backlot_settings().METRICS_TOKEN
+    if not (open_for_debug or _has_metrics_token(request) or request.user.is_staff):
+        response = HttpResponse(
+            "metrics need Authorization: Bearer <METRICS_TOKEN>\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
+
+
+@login_required
+def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """A job's status page: state, attempts and a progress bar polling the status API."""
+    job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
+    status_url = JobHandle(id=str(job.id), task_name=job.task_name).status_url
+    # the batch the job is a member of (jobs.flow.batches), when its viewer may read it
+    batch = (
+        Batch.objects.visible_to(request.user).filter(id=job.batch_id).first()
+        if job.batch_id
+        else None
+    )
+    context = {
+        "job": job,
+        "status_url": status_url,
+        "can_cancel": job.state in ACTIVE_STATES and _may_cancel(request.user, job),
+        "batch": batch,
+        "batch_url": _batch_url(batch) if batch is not None else "",
+    }
+    return render(request, "jobs/job_detail.html", context)
+
+
+def _batch_url(batch: Batch) -> str:
+    """The batch's status route (GET /api/batches/{id}/), next to the jobs' status route."""
+    namespace = backlot_settings().STATUS_URL_NAME.rpartition(":")[0]
+    try:
+        return reverse(
+            f"{namespace}:batch_status" if namespace else "batch_status",
+            kwargs={"batch_id": str(batch.id)},
+        )
+    except NoReverseMatch:  # the host did not mount jobs.web.api_batches.router
+        return ""
+
+
+def _may_cancel(user: Any, job: Job) -> bool:
+    """The job's owner, or an operator with the cancel_job permission."""
+    return bool(job.owner_id and job.owner_id == user.pk) or user.has_perm("jobs.cancel_job")
+
+
+@login_required
+@require_POST
+def job_cancel_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
+    """The job page's Cancel button (audited); back to the job page with what happened."""
+    job = get_object_or_404(Job.objects.visible_to(request.user), id=job_id)
+    if not _may_cancel(request.user, job):
+        raise PermissionDenied("Cancelling another user's job needs the permission jobs.cancel_job")
+    try:
+        outcome = cancel(job.id, by=request.user)
+    except AlreadyFinished as exc:
+        messages.warning(request, str(exc))
+    else:
+        audit(user=request.user, action="cancel-page", count=1, job_id=str(job.id))
+        messages.success(
+            request,
+            "Cancelled." if outcome.state == JobState.CANCELLED else "Asked the job to stop.",
+        )
+    return redirect("job_page", job_id=job.id)
+
+
+# The page shows as many jobs as one API page holds by default (GET /api/jobs/).
+MY_JOBS_SHOWN = 50
+
+
+@login_required
+def job_list_page(request: HttpRequest) -> HttpResponse:
+    """The signed-in user's own jobs, newest first, each linking to its page; a script polls
+    GET /api/jobs/ every 2 s for live states (the page is complete without it)."""
+    jobs = (
+        Job.objects.visible_to(request.user)
+        .filter(owner_id=request.user.pk)  # staff too see their own here; everyone's is in admin
+        .order_by("-enqueued_at", "-id")[:MY_JOBS_SHOWN]
+    )
+    # The list route sits next to the status route, in the namespace BACKLOT names for it.
+    namespace = backlot_settings().STATUS_URL_NAME.rpartition(":")[0]
+    list_url = reverse(f"{namespace}:job_list" if namespace else "job_list")
+    api_url = f"{list_url}?owner={request.user.pk}&limit={MY_JOBS_SHOWN}"
+    return render(request, "jobs/job_list.html", {"jobs": jobs, "api_url": api_url})

@@ -1,0 +1,67 @@
+"""Worker and publisher hooks: database connections live across jobs the way they live
+across requests, Backlot's messages carry no field twice, and a worker's main process records
+what it takes from Redis, in the same step as it takes it, and keeps a heartbeat
+(jobs.broker.reservations, jobs.broker.fetch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import current_app
+from celery.signals import (
+    before_task_publish,
+    task_prerun,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
+from django.db import close_old_connections
+
+from jobs.broker import counters, fetch, reservations
+from jobs.broker.broker import slim_message
+from jobs.worker.task import PlatformTask
+
+
+@task_prerun.connect
+def recycle_connections(**kwargs: Any) -> None:
+    """Before each job: close connections that errored or outlived CONN_MAX_AGE (Django's
+    request_started hook, for jobs). With CONN_MAX_AGE=0 (SQLite) that is every job."""
+    close_old_connections()
+
+
+@before_task_publish.connect
+def slim_platform_messages(
+    sender: str | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> None:
+    if headers is None or properties is None:
+        return
+    if isinstance(current_app.tasks.get(sender or ""), PlatformTask):
+        slim_message(headers, properties)
+
+
+@worker_init.connect
+def record_reservations(sender: Any = None, **kwargs: Any) -> None:
+    """Before the worker consumes: each message it takes is recorded as its own, so that
+    the relay gives them back to their queue soon after it dies (not after the visibility
+    timeout)."""
+    if sender is not None:
+        reservations.install(node=sender.hostname, app=sender.app)
+        fetch.install()  # ... and takes each in one step with its record (jobs.broker.fetch)
+
+
+@worker_ready.connect
+def keep_worker_heartbeat(**kwargs: Any) -> None:
+    """Once the pool has started: the worker's heartbeat, refreshed from a thread."""
+    reservations.keep_alive()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def flush_counters(**kwargs: Any) -> None:
+    """A pool process (which exits without atexit) or the worker writes its metric counts
+    before it ends (jobs.broker.counters)."""
+    counters.flush()

@@ -1,0 +1,78 @@
+"""jobs.broker.counters: a process's metric counts reach Redis together, at the flush, at its exit,
+after a failed write, and never twice through a fork."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from jobs.broker import counters
+from jobs.broker.redis import redis_client, redis_text
+
+
+@pytest.fixture
+def key(clean_redis, unique):
+    counters.flush()  # nothing of another test's
+    return f"backlot:test:counters:{unique}"
+
+
+def _read(key: str) -> dict[str, str]:
+    return {redis_text(k): redis_text(v) for k, v in redis_client().hgetall(key).items()}
+
+
+def test_counts_add_up_in_the_process_and_reach_redis_at_the_flush(key):
+    counters.add(key, "claimed")
+    counters.add(key, "claimed", 2)
+    counters.add_float(key, "sum", 0.25)
+    counters.add_float(key, "sum", 0.5)
+    assert _read(key) == {}
+
+    counters.flush()
+
+    assert _read(key) == {"claimed": "3", "sum": "0.75"}
+    counters.flush()  # nothing held: nothing written again
+    assert _read(key) == {"claimed": "3", "sum": "0.75"}
+
+
+def test_a_failed_write_keeps_the_counts_for_the_next(key, monkeypatch):
+    counters.add(key, "claimed")
+
+    def unreachable():
+        raise RedisConnectionError("Redis is down")
+
+    monkeypatch.setattr(counters, "redis_client", unreachable)
+    counters.flush()  # does not raise
+    monkeypatch.undo()
+    counters.add(key, "claimed")
+    counters.flush()
+
+    assert _read(key) == {"claimed": "2"}
+
+
+def test_a_process_writes_what_it_holds_when_it_exits(key):
+    code = (
+        f"import django; django.setup(); from jobs import counters; counters.add({key!r}, 'n', 5)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy(), timeout=60)
+
+    assert _read(key) == {"n": "5"}
+
+
+def test_a_forked_child_does_not_write_its_parents_counts(key):
+    counters.add(key, "n")
+    pid = os.fork()
+    if pid == 0:  # the child: holds nothing, writes its own count only
+        counters.add(key, "child")
+        counters.flush()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _read(key) == {"child": "1"}
+
+    counters.flush()
+
+    assert _read(key) == {"child": "1", "n": "1"}

@@ -1,0 +1,367 @@
+"""jobs.broker.fetch on real workers and a real Redis: the atomic fetch takes messages in kombu's
+order, wakes on bells and polls for messages pushed without one, survives a flushed script cache,
+gives kombu's BRPOP back when turned off, and costs one round trip per message.
+
+The `reports` queue is these tests' own (the suite's session worker does not consume it). What
+a worker sends Redis is read with MONITOR, kept to the connections of the worker's processes
+(their sockets, from /proc), so that other clients of the same Redis do not count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+from django.test import override_settings
+from kombu import Connection, Exchange, Queue
+from kombu.transport import redis as kombu_redis
+
+from jobs.broker import fetch
+from jobs.broker.broker import queue_keys
+from jobs.broker.redis import redis_client
+from jobs.broker.reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
+from jobs.core.conf import backlot_settings
+from jobs.enqueue.submit import enqueue_many
+from jobs.models import Job, JobState
+from tests.conftest import Worker, marks, wait_until
+from tests.jobs.broker.test_redis_sentinel import MASTER
+from tests.jobs.broker.test_redis_sentinel import sentinel_setup as sentinel_setup  # a fixture
+from tests.support import tasks
+from tests.support.redis_clients import socket_ports, waiting_for_a_bell
+
+QUEUE = "reports"
+# What names jobs.broker.fetch's script in a MONITOR line: its SHAs, or a line of its body.
+FETCH_MARKS = (*fetch._SHAS, "local n = tonumber(ARGV[1])")
+
+
+def worker_ports(worker: Worker, *, pool: bool = False) -> set[int]:
+    pids = [worker.process.pid, *(worker.pool_pids() if pool else [])]
+    return set().union(*(socket_ports(pid) for pid in pids))
+
+
+class Monitor:
+    """Every command Redis runs while it is open (MONITOR), as (client port, COMMAND)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, str]] = []
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        # a client of its own with no read timeout: MONITOR may be silent for a while
+        client = redis.Redis.from_url(backlot_settings().REDIS_URL)
+        with client.monitor() as monitor:
+            self._ready.set()
+            while not self._stop.is_set():
+                command = monitor.next_command()
+                port = command.get("client_port")
+                text = str(command.get("command", ""))
+                name = text.split(" ", 1)[0].strip('"').upper()
+                if name in ("EVALSHA", "EVAL") and any(sha in text for sha in FETCH_MARKS):
+                    name = "FETCH"  # jobs.broker.fetch's script (kombu runs scripts of its own)
+                if port and port.isdigit():
+                    self.seen.append((int(port), name))
+
+    def __enter__(self) -> Monitor:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        redis_client().ping()  # one more command, so the reader sees the stop
+        self._thread.join(10)
+
+    def calls(self, ports: set[int]) -> Counter[str]:
+        return Counter(name for port, name in self.seen if port in ports)
+
+
+def fetch_waiting(worker: Worker) -> bool:
+    """The worker's consumer waits for a bell (BRPOP on `backlot:bell:<queue>`)."""
+    return waiting_for_a_bell(worker.process.pid)
+
+
+def in_queue(job_id: str) -> bool:
+    client = redis_client()
+    keys = [QUEUE, *(f"{QUEUE}:{step}" for step in range(1, 10))]
+    return any(job_id.encode() in raw for key in keys for raw in client.lrange(key, 0, -1))
+
+
+def scripts_loaded() -> list[bool]:
+    return [bool(found) for found in redis_client().script_exists(*fetch._SHAS)]
+
+
+def errors(kind: str) -> int:
+    stats = redis_client().info("errorstats")
+    return int(stats.get(f"errorstat_{kind}", {}).get("count", 0))
+
+
+@pytest.fixture(autouse=True)
+def atomic_fetch(settings: Any) -> None:
+    """This process publishes with bells, whatever the project's default."""
+    settings.BACKLOT = {**settings.BACKLOT, "ATOMIC_FETCH": True}
+
+
+@pytest.fixture
+def fetch_worker(
+    start_worker: Callable[..., Worker], clean_redis: None, transactional_db: None
+) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str, concurrency: int = 1, **env: str) -> Worker:
+        env = {"BACKLOT_ATOMIC_FETCH": "1", **env}
+        worker = start_worker(name, queues=QUEUE, concurrency=concurrency, **env)
+        started.append(worker)
+        return worker
+
+    redis_client().script_flush()
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@contextmanager
+def publishing_without_bells() -> Iterator[None]:
+    """This process publishes as kombu does (no bell), as another client of the queue would."""
+    from django.conf import settings
+
+    with override_settings(BACKLOT={**settings.BACKLOT, "ATOMIC_FETCH": False}):
+        yield
+
+
+@pytest.mark.parametrize("atomic", ["1", "0"], ids=["atomic-fetch", "kombu-brpop"])
+def test_messages_of_every_priority_step_come_out_in_kombus_order(
+    fetch_worker: Callable[..., Worker], unique: str, atomic: str
+) -> None:
+    # given: a backlog of two jobs per priority, enqueued out of order, no worker on the queue
+    shuffled = [3, 9, 0, 5, 7, 1, 8, 2, 6, 4]
+    for n in range(2):
+        for priority in shuffled:
+            tasks.prioritized.using(priority=priority).enqueue(unique, f"{priority}-{n}")
+
+    # when: one single-process worker (prefetch 1: it takes one message at a time) drains it
+    fetch_worker(f"order-{atomic}", BACKLOT_ATOMIC_FETCH=atomic)
+    wait_until(lambda: len(marks(unique)) == 20, timeout=60, what="the backlog to drain")
+
+    # then: highest priority first, first in first out within a priority, as kombu's BRPOP
+    order = [label for _, label in marks(unique)]
+    assert order == [f"{p}-{n}" for p in range(9, -1, -1) for n in range(2)]
+    # and the fetch script ran (it took them). With the setting off, whether it is loaded says
+    # nothing: the session's other workers share this Redis (test_with_the_setting_off_... reads
+    # this worker's own calls instead).
+    if atomic == "1":
+        assert scripts_loaded()[0]
+
+
+def test_a_message_pushed_without_a_bell_is_taken_within_the_poll(
+    fetch_worker: Callable[..., Worker], unique: str
+) -> None:
+    # given: an idle worker waiting for a bell
+    worker = fetch_worker("poll")
+    wait_until(lambda: fetch_waiting(worker), timeout=30, what="the consumer waiting for a bell")
+    # when: a message arrives with no bell (a client that is not Backlot's, or kombu's restore)
+    with publishing_without_bells():
+        pushed = time.monotonic()
+        handle = tasks.prioritized.enqueue(unique, "quiet")
+    # then: the worker's next fetch (its bell wait times out after 1 s) takes it
+    wait_until(lambda: not in_queue(handle.id), timeout=10, interval=0.02, what="the fetch")
+    quiet = time.monotonic() - pushed
+    wait_until(lambda: marks(unique), timeout=30, what="the job to run")
+    # and one with its bell is taken at once
+    wait_until(lambda: fetch_waiting(worker), timeout=30, what="the consumer waiting again")
+    pushed = time.monotonic()
+    rung = tasks.prioritized.enqueue(unique, "rung")
+    wait_until(lambda: not in_queue(rung.id), timeout=10, interval=0.02, what="the fetch")
+    woken = time.monotonic() - pushed
+    print(f"\ntaken {quiet:.2f}s after a push without a bell, {woken:.2f}s after one with it")
+    assert quiet < 1.0 + 1.5, quiet  # the bell wait (1 s) and a loaded machine's slack
+    assert woken < quiet, (woken, quiet)
+
+
+def test_a_flushed_script_cache_is_reloaded_and_fetching_goes_on(
+    fetch_worker: Callable[..., Worker], unique: str
+) -> None:
+    # given: a worker that has fetched with the script loaded
+    worker = fetch_worker("noscript")
+    tasks.prioritized.enqueue(unique, "before")
+    wait_until(lambda: marks(unique), timeout=30, what="the first job")
+    assert scripts_loaded()[0]
+    # when: Redis loses its scripts (a restart, SCRIPT FLUSH)
+    refused = errors("NOSCRIPT")
+    redis_client().script_flush()
+    tasks.prioritized.enqueue(unique, "after")
+    # then: the fetch is refused once (NOSCRIPT), sent again in full, and the job runs
+    wait_until(lambda: len(marks(unique)) == 2, timeout=30, what="the job after the flush")
+    assert errors("NOSCRIPT") > refused
+    assert scripts_loaded()[0]
+    tasks.prioritized.enqueue(unique, "again")
+    wait_until(lambda: len(marks(unique)) == 3, timeout=30, what="a job after the reload")
+    assert worker.process.poll() is None
+    assert "Traceback" not in worker.output()
+
+
+def test_with_the_setting_off_the_worker_takes_messages_with_kombus_brpop(
+    fetch_worker: Callable[..., Worker], unique: str
+) -> None:
+    worker = fetch_worker("kombu", BACKLOT_ATOMIC_FETCH="0")
+    with Monitor() as monitor:
+        tasks.prioritized.enqueue(unique, "plain")
+        wait_until(lambda: marks(unique), timeout=30, what="the job")
+        # the two-step record (BRPOP, then the MULTI) still names its holder
+        ports = worker_ports(worker)
+        wait_until(lambda: monitor.calls(ports)["BRPOP"] >= 2, timeout=10, what="the next BRPOP")
+    calls = monitor.calls(ports)
+    assert calls["FETCH"] == 0, calls  # this worker's own sockets: no fetch script, ever
+    assert calls["MULTI"] >= 2, calls  # the unacked record, then the ack
+
+
+def test_an_idle_worker_makes_few_redis_calls(fetch_worker: Callable[..., Worker]) -> None:
+    # given: a worker on an empty queue, waiting for a bell
+    worker = fetch_worker("idle")
+    wait_until(lambda: fetch_waiting(worker), timeout=30, what="the consumer waiting")
+    ports = worker_ports(worker)
+    # when: it idles through 5 bell waits
+    with Monitor() as monitor:
+        started = time.monotonic()
+        wait_until(lambda: monitor.calls(ports)["BRPOP"] >= 5, timeout=30, what="five bell waits")
+        waited = time.monotonic() - started
+    calls = monitor.calls(ports)
+    print(f"\nidle worker over {waited:.1f}s: {dict(calls)}")
+    # then: one fetch per wait (and kombu's own housekeeping), not a busy loop
+    assert calls["FETCH"] <= calls["BRPOP"] + 1, calls
+    housekeeping = sum(calls.values()) - calls["BRPOP"] - calls["FETCH"]
+    assert housekeeping <= 10 * waited, calls
+
+
+@pytest.mark.parametrize("atomic", ["1", "0"], ids=["atomic-fetch", "kombu-brpop"])
+def test_round_trips_per_job_on_the_worker(
+    fetch_worker: Callable[..., Worker], atomic: str
+) -> None:
+    jobs = int(os.environ.get("FETCH_DRAIN_JOBS", "200"))
+    worker = fetch_worker(f"drain-{atomic}", BACKLOT_ATOMIC_FETCH=atomic)
+    wait_until(lambda: worker_ports(worker), timeout=30, what="the worker's connections")
+    with Monitor() as monitor:
+        ids = enqueue_many(tasks.add, [((n, 1), {}) for n in range(jobs)], queue=QUEUE)
+        wait_until(
+            lambda: Job.objects.filter(id__in=ids, state=JobState.SUCCEEDED).count() == jobs,
+            timeout=300,
+            interval=0.5,
+            what="the drain",
+        )
+        main = worker_ports(worker)
+    calls = monitor.calls(main)
+    per_job = {name: round(count / jobs, 2) for name, count in sorted(calls.items())}
+    print(f"\nworker main process, {jobs} jobs, fetch={atomic}: per job {per_job}")
+    assert redis_client().hlen(OWNERS) == 0  # every record went with its ack
+    if atomic == "1":
+        assert jobs <= calls["FETCH"] <= jobs * 1.1 + 20, calls  # one fetch per message
+        assert calls["BRPOP"] <= jobs * 0.1 + 20, calls  # no bell wait in a backlog
+        assert calls["MULTI"] <= jobs * 1.05 + 30, calls  # the ack only (and heartbeats)
+    else:
+        assert calls["BRPOP"] >= jobs and calls["FETCH"] == 0, calls
+        assert calls["MULTI"] >= 2 * jobs, calls  # the unacked record, then the ack
+
+
+# --- the fetch in this process, on kombu's own consumer (the sync poller) ------------------
+@pytest.fixture
+def fetching_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process' kombu channels take messages as a worker's do (undone after the test);
+    outside a worker a channel has no holder (ReservingQoS.owner is None)."""
+    channel = kombu_redis.Channel
+    monkeypatch.setattr(channel, "QoS", ReservingQoS)
+    monkeypatch.setattr(channel, "_brpop_start", fetch._brpop_start)
+    monkeypatch.setattr(channel, "_brpop_read", fetch._brpop_read)
+    monkeypatch.setattr(channel, "basic_consume", fetch._basic_consume)
+    monkeypatch.setitem(fetch._state, "fetch", True)
+
+
+def take_one(url: str, options: dict[str, Any], raw: redis.Redis, prefix: str = "") -> None:
+    """Publish a task message on a queue of its own through `url`, consume it with the fetch,
+    and check what Redis holds before and after the ack."""
+    name = f"fetch-here-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name), routing_key=name)
+    got: list[Any] = []
+    with Connection(url, transport_options=options) as connection:
+        with connection.Producer() as producer:
+            producer.publish(
+                {"n": 1},
+                exchange=queue.exchange,
+                routing_key=name,
+                declare=[queue],
+                headers={"task": "tests.fetch_here"},
+                serializer="json",
+            )
+        assert raw.llen(f"{prefix}{BELL}{name}") == 1  # rung with the message
+        with connection.Consumer(
+            queue, callbacks=[lambda body, m: got.append(m)], accept=["json"]
+        ) as consumer:
+            channel: Any = consumer.channel
+            assert isinstance(channel.qos, ReservingQoS)
+            wait_until(lambda: _drain(connection) or got, timeout=20, what="the message")
+            message = got[0]
+            stored = raw.hget(f"{prefix}unacked", message.delivery_tag)
+            assert stored is not None and json.loads(stored)[1:] == [name, name]
+            assert json.loads(stored)[0]["properties"]["delivery_tag"] == message.delivery_tag
+            assert raw.zscore(f"{prefix}unacked_index", message.delivery_tag)
+            assert not raw.hexists(f"{prefix}{OWNERS}", message.delivery_tag)  # no holder here
+            assert raw.llen(f"{prefix}{name}") == 0
+            message.ack()
+            assert not raw.hexists(f"{prefix}unacked", message.delivery_tag)
+            # an empty fetch clears the bells (their messages are taken)
+            _drain(connection)
+            assert not raw.exists(f"{prefix}{BELL}{name}")
+
+
+def _drain(connection: Connection) -> bool:
+    with contextlib.suppress(socket.timeout, TimeoutError):
+        connection.drain_events(timeout=1.5)
+    return False
+
+
+def test_a_global_keyprefix_prefixes_every_key_of_the_fetch(
+    fetching_here: None, clean_redis: None
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    url = backlot_settings().REDIS_URL
+    options = {**PRIORITY_TRANSPORT_OPTIONS, "global_keyprefix": "pfx:"}
+    take_one(url, options, redis.Redis.from_url(url), prefix="pfx:")
+
+
+def test_the_fetch_works_through_redis_sentinel(
+    fetching_here: None, sentinel_setup: dict[str, Any]
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    primary, sentinel = sentinel_setup["primary"], sentinel_setup["sentinel"]
+    options = {**PRIORITY_TRANSPORT_OPTIONS, "master_name": MASTER}
+    take_one(f"sentinel://127.0.0.1:{sentinel.port}/0", options, primary.client)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fan_out_rings_a_queue_bell_at_most_bell_cap_times_per_flush(clean_redis: None) -> None:
+    # given: no worker on the queue, and the server's LPUSH count
+    def lpushes() -> int:
+        return int(redis_client().info("commandstats").get("cmdstat_lpush", {}).get("calls", 0))
+
+    before = lpushes()
+    # when: 1,000 jobs go out in one pipelined publish (a campaign's fan-out)
+    ids = enqueue_many(tasks.add, [((n, 1), {}) for n in range(1000)], queue=QUEUE, on_commit=False)
+    # then: every message is in the queue, and the bells did not double the commands: at most
+    # BELL_CAP bells per queue for each of kombu's flushes (1,000 commands each), not one each
+    assert sum(redis_client().llen(key) for key in queue_keys(QUEUE)) == len(ids) == 1000
+    bells = lpushes() - before - 1000
+    assert 0 < bells <= 2 * BELL_CAP, bells
+    assert redis_client().llen(f"{BELL}{QUEUE}") <= BELL_CAP

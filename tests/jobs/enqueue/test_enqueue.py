@@ -1,0 +1,151 @@
+"""Enqueue: the ledger row, on-commit publishing, delays and de-duplication.
+
+These jobs go to `reports`, which the session worker leaves alone, so what reaches the broker
+stays there to be counted.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from jobs.broker.broker import queue_keys as broker_queue_keys
+from jobs.broker.redis import redis_client
+from jobs.flow.relay import job_relay
+from jobs.models import IdempotencyRecord, Job, JobState
+from tests.support import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def messages_waiting(queue: str = "reports") -> int:
+    client = redis_client()
+    return sum(client.llen(key) for key in broker_queue_keys(queue))
+
+
+def test_enqueue_writes_the_ledger_row_and_publishes(clean_redis, admin_user):
+    handle = tasks.prioritized.using(priority=8, owner=admin_user, idempotency_key="o-1").enqueue(
+        "k", label="a"
+    )
+
+    job = Job.objects.get(id=handle.id)
+    assert handle.created
+    assert (
+        job.task_name == "tests.prioritized" and job.args == ["k"] and job.kwargs == {"label": "a"}
+    )
+    assert job.state == JobState.QUEUED and job.queue == "reports" and job.priority == 8
+    assert job.owner == admin_user and job.idempotency_key == "o-1"
+    assert job.max_attempts == tasks.prioritized.policy.max_attempts and job.attempts == 0
+    assert job.published_at is not None
+    assert messages_waiting() == 1
+    assert handle.status_url == f"/api/jobs/{handle.id}/"
+
+
+def test_rollback_sends_nothing(clean_redis):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.prioritized.enqueue("k", "a")
+        raise RuntimeError("the view failed after enqueue")
+
+    assert Job.objects.count() == 0
+    assert messages_waiting() == 0
+
+
+def test_publish_waits_for_commit(clean_redis):
+    with transaction.atomic():
+        handle = tasks.prioritized.enqueue("k", "a")
+        assert messages_waiting() == 0  # not before commit
+    assert messages_waiting() == 1
+    assert Job.objects.get(id=handle.id).published_at is not None
+
+
+def test_plain_celery_delay_goes_through_the_ledger(clean_redis):
+    result = tasks.prioritized.delay("k", label="plain")
+
+    job = Job.objects.get(id=result.id)
+    assert job.state == JobState.QUEUED and job.kwargs == {"label": "plain"}
+    assert messages_waiting() == 1
+
+
+def test_short_delay_is_scheduled_in_the_broker(clean_redis):
+    handle = tasks.prioritized.using(delay=30).enqueue("k", "a")
+
+    job = Job.objects.get(id=handle.id)
+    assert job.state == JobState.SCHEDULED and job.scheduled_for is not None
+    assert timedelta(seconds=29) < job.scheduled_for - job.enqueued_at < timedelta(seconds=31)
+    assert job.published_at is not None
+
+
+def test_long_delay_waits_in_the_ledger_until_due(clean_redis, settings):
+    handle = tasks.prioritized.using(delay=3600).enqueue("k", "a")
+    job = Job.objects.get(id=handle.id)
+    assert job.state == JobState.SCHEDULED and job.published_at is None
+    assert job_relay() == 0  # not due yet
+    assert messages_waiting() == 0
+
+    Job.objects.filter(id=handle.id).update(scheduled_for=timezone.now() - timedelta(seconds=1))
+    assert job_relay() == 1
+
+    assert messages_waiting() == 1
+    assert Job.objects.get(id=handle.id).published_at is not None
+
+
+@pytest.mark.parametrize("bad", [{"priority": 10}, {"priority": -1}, {"delay": -5}])
+def test_bad_options_are_refused(clean_redis, bad):
+    with pytest.raises(ValueError):
+        tasks.prioritized.enqueue("k", "a", **bad)
+    assert Job.objects.count() == 0 and messages_waiting() == 0
+
+
+def test_same_key_while_waiting_returns_the_first_job(clean_redis):
+    first = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
+    second = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
+
+    assert second.id == first.id and not second.created
+    assert Job.objects.count() == 1 and messages_waiting() == 1
+
+
+def test_keys_are_scoped_per_task(clean_redis):
+    a = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
+    b = tasks.add.using(idempotency_key="order-7").enqueue(1, 2)
+    assert a.id != b.id
+
+
+def test_key_holds_after_success_for_the_ttl_then_frees(clean_redis, settings):
+    first = tasks.prioritized.using(idempotency_key="pay-1").enqueue("k", "a")
+    Job.objects.filter(id=first.id).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
+    assert tasks.prioritized.using(idempotency_key="pay-1").enqueue("k", "a").id == first.id
+
+    ttl = settings.BACKLOT["IDEMPOTENCY_TTL"]
+    Job.objects.filter(id=first.id).update(finished_at=timezone.now() - timedelta(seconds=ttl + 1))
+    again = tasks.prioritized.using(idempotency_key="pay-1").enqueue("k", "a")
+
+    assert again.id != first.id and again.created
+    assert IdempotencyRecord.objects.get(key="tests.prioritized:pay-1").job_id == again.job().id
+
+
+def test_key_of_a_dead_job_can_be_enqueued_again(clean_redis):
+    first = tasks.prioritized.using(idempotency_key="pay-2").enqueue("k", "a")
+    Job.objects.filter(id=first.id).update(state=JobState.DEAD, finished_at=timezone.now())
+
+    again = tasks.prioritized.using(idempotency_key="pay-2").enqueue("k", "a")
+
+    assert again.created and again.id != first.id
+
+
+def test_untracked_jobs_refuse_idempotency_keys(clean_redis):
+    with pytest.raises(ValueError, match="track=False"):
+        tasks.record_untracked.using(idempotency_key="x").enqueue("k")
+
+
+def test_message_headers_carry_only_a_short_masked_copy_of_the_arguments(clean_redis):
+    import json as jsonlib
+
+    tasks.prioritized.enqueue("jane.doe@example.com", label="x" * 500)
+
+    raw = redis_client().lrange(broker_queue_keys("reports")[4], 0, -1)[0]
+    headers = jsonlib.loads(raw)["headers"]
+    assert "jane.doe@" not in headers["argsrepr"] and "j***@example.com" in headers["argsrepr"]
+    assert len(headers["kwargsrepr"]) <= 120
