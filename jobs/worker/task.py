@@ -133,6 +133,19 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         call_args, call_kwargs = self.serializable_arguments(args, kwargs)
         return enqueuing.enqueue(task=self, args=call_args, kwargs=call_kwargs, **options)
 
+    def delay_on_commit(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Celery's ``delay_on_commit`` (celery.contrib.django.task.DjangoTask): returns None,
+        the message is published once the caller's transaction commits, and nothing is sent if
+        it rolls back. On top of Celery's: the job's ledger row is written now, in that same
+        transaction (it commits or rolls back with the caller's rows), so a bad payload is
+        refused here rather than inside the commit."""
+        self.apply_async(args, kwargs)
+
+    def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+        """Celery's ``apply_async_on_commit``: apply_async's options, delay_on_commit's
+        semantics (None; published after commit; the ledger row written in the transaction)."""
+        self.apply_async(*args, **kwargs)
+
     def serializable_arguments(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
         """The arguments as they will be serialized: a ``pydantic=True`` task's models dumped
         the way Celery's apply_async dumps them (so the ledger row, the payload check and the

@@ -641,3 +641,38 @@ def test_a_group_a_finished_job_chains_to_is_its_children_and_its_owners(worker,
     assert set(members.values_list("parent_id", "owner_id", "state")) == {
         (parent.id, admin_user.pk, JobState.SUCCEEDED)
     }
+
+
+# --- delay_on_commit (Celery 5.4's Django API) ------------------------------------------------
+def test_delay_on_commit_returns_none_and_publishes_after_commit(worker, unique):
+    from django.db import transaction
+
+    from jobs.broker.broker import queue_depths
+
+    # when: called inside the caller's transaction
+    with transaction.atomic():
+        returned = ct.redis_echo.delay_on_commit("after commit", unique)
+        # then: None, as Celery's; the row is written in this transaction, nothing published yet
+        assert returned is None
+        row = Job.objects.get(task_name="compat.redis_echo", args=["after commit", unique])
+        assert row.state == JobState.QUEUED
+        assert queue_depths(["default"]) == {"default": 0}
+    # and once it commits the job runs, once
+    wait_until(lambda: ct.echoed(unique) == ["after commit"], timeout=TIMEOUT, what="the job")
+    assert Job.objects.get(id=row.id).state == JobState.SUCCEEDED
+
+
+def test_delay_on_commit_in_a_rolled_back_transaction_sends_nothing(worker, unique):
+    from django.db import transaction
+
+    from jobs.broker.broker import queue_depths
+
+    class RolledBack(Exception):
+        pass
+
+    with pytest.raises(RolledBack), transaction.atomic():
+        ct.redis_echo.apply_async_on_commit(("rolled back", unique), queue="emails", priority=7)
+        raise RolledBack
+
+    assert not Job.objects.filter(task_name="compat.redis_echo", args__contains=[unique]).exists()
+    assert queue_depths(["default", "emails"]) == {"default": 0, "emails": 0}
