@@ -76,9 +76,17 @@ fi
 # PYTEST_ARGS is split on whitespace (no globbing); arguments to this script are kept as given.
 read -r -a args <<<"${PYTEST_ARGS:-}"
 args+=("$@")
-log "pytest ${args[*]}"
+# The suite runs in BACKLOT_TEST_PROCESSES pytest-xdist processes (default 2, one a core here:
+# most of a test's time is waiting on its workers, Redis and PostgreSQL, so two overlap), a
+# file's tests in one process (tests/conftest.py groups them; tests/settings.py gives each
+# process its own Redis database and media folder). BACKLOT_TEST_PROCESSES=1: one process, as
+# before. The slowest 20 tests are listed at the end.
+processes=${BACKLOT_TEST_PROCESSES:-2}
+xdist=()
+if [[ $processes -gt 1 ]]; then xdist=(-n "$processes" --dist loadgroup); fi
+log "pytest ${xdist[*]} --durations=20 ${args[*]}"
 rc=0
-.venv/bin/pytest "${args[@]}" || rc=$?
+.venv/bin/pytest "${xdist[@]}" --durations=20 "${args[@]}" || rc=$?
 
 # Django 6 (built-in django.tasks): the suite stays on 5.2; these two files prove the Tasks
 # backend and enqueue → worker → dead letter → replay on 6 (workers start from the same venv:

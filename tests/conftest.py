@@ -19,7 +19,54 @@ from jobs.testing import wait_until as wait_until  # re-exported: the tests impo
 pytest_plugins = ["tests.support.import_skips"]
 
 ROOT = Path(__file__).resolve().parent.parent
-LOG_DIR = ROOT / ".data" / "test-logs"
+# One folder per pytest-xdist process (scripts/test.sh runs two): worker logs are named by worker.
+LOG_DIR = ROOT / ".data" / "test-logs" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+# Test files that share something of the machine's beyond the Redis database and the test
+# database (network namespaces and their addresses) run in one pytest-xdist process, in turn.
+SHARED_GROUPS = {"tests/scale/": "scale"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's --dist loadgroup, a file's tests run in one process (its module
+    fixtures, workers among them, start once), files of a SHARED_GROUPS folder together."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+# What a pytest-xdist process reports at its end (the security suite's log findings, the fault
+# tests' figures) reaches the main process through its workeroutput; printed and judged here.
+_NODE_REPORTS: dict[str, list[Any]] = {"log_findings": [], "logs_scanned": [], "fault_figures": []}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    output = getattr(node, "workeroutput", {}) or {}
+    for key, values in _NODE_REPORTS.items():
+        values.extend(output.get(key, []))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _NODE_REPORTS["log_findings"] and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _NODE_REPORTS["fault_figures"]:
+        terminalreporter.section("fault-injection figures")
+        for line in _NODE_REPORTS["fault_figures"]:
+            terminalreporter.write_line(f"faults: {line}")
+    if _NODE_REPORTS["logs_scanned"]:
+        findings = _NODE_REPORTS["log_findings"]
+        if findings:
+            terminalreporter.section("personal data or secrets in worker logs", red=True)
+            for finding in findings:
+                terminalreporter.write_line(finding)
+        terminalreporter.write_line(
+            f"security: log scan of {sum(_NODE_REPORTS['logs_scanned'])} worker log(s) written "
+            f"this session: {len(findings)} finding(s)"
+        )
 
 
 def marks(key: str) -> list[tuple[float, str]]:

@@ -47,6 +47,12 @@ def figures(line: str) -> None:
     FIGURES.append(line)
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist process: tests/conftest.py prints them
+        workeroutput["fault_figures"] = list(FIGURES)
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if FIGURES:
         terminalreporter.section("fault-injection figures")

@@ -36,7 +36,8 @@ from jobs.worker.task import PlatformTask
 from tests.system.faults import jobs as fault_jobs
 
 ROOT = Path(__file__).resolve().parents[3]
-LOG_DIR = ROOT / ".data" / "test-logs"
+# tests.conftest.LOG_DIR (not imported: this module runs in worker processes)
+LOG_DIR = ROOT / ".data" / "test-logs" / os.environ.get("PYTEST_XDIST_WORKER", "main")
 # What `make run` (scripts/run.sh) sets before it starts the Procfile: laptop sizes.
 MAKE_RUN_ENV = {"WORKER_EMAILS_CONCURRENCY": "2", "WORKER_DEFAULT_CONCURRENCY": "1"}
 MODULES = "tests.support.tasks,tests.system.faults.jobs,tests.system.faults.lost"

@@ -44,6 +44,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     secrets_used = remembered_secrets()
     findings = [finding for path in logs for finding in scan_file(path, secrets_used)]
     session.config.stash[LOG_FINDINGS] = (len(logs), findings)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist process: tests/conftest.py reports them
+        workeroutput["logs_scanned"] = [len(logs)]
+        workeroutput["log_findings"] = [str(finding) for finding in findings]
     if findings and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
