@@ -6,7 +6,8 @@ environment run what it can. Proved by tests/test_import_skips.py."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -31,12 +32,14 @@ def _fail_an_import_skip(report: pytest.CollectReport | pytest.TestReport) -> No
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
     outcome = yield
     _fail_an_import_skip(outcome.get_result())
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
+def pytest_make_collect_report(collector: pytest.Collector) -> Generator[None, Any, None]:
     outcome = yield
     _fail_an_import_skip(outcome.get_result())
