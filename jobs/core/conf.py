@@ -101,6 +101,11 @@ class BacklotSettings:
     # (jobs.broker.fetch),
     # waking on per-queue doorbells, instead of kombu's BRPOP and a second write.
     ATOMIC_FETCH: bool = True
+    # Celery settings of the project's that contradict the ledger (jobs.worker.conflicts: the
+    # broker URL, result backend, acks_late, task queues) fail `manage.py check` (jobs.E010)
+    # and stop a worker at start; a setting named here, e.g. ("CELERY_TASK_ACKS_LATE",), is
+    # the project's deliberate choice and is let through. JSON only cannot be let through.
+    ALLOW_CELERY_SETTINGS: tuple[str, ...] = ()
     # Redis' redelivery timeout for unacknowledged messages (read from the broker options).
     VISIBILITY_TIMEOUT: int = field(default=DEFAULT_VISIBILITY_TIMEOUT)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -17,6 +18,7 @@ from jobs.broker.ratelimit import parse_rate
 from jobs.broker.redis import connect as redis_connect
 from jobs.core.conf import backlot_settings
 from jobs.models import Job
+from jobs.worker import conflicts
 from jobs.worker.registry import platform_tasks
 
 
@@ -44,6 +46,30 @@ def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 f"{visibility}s: Redis would deliver those jobs twice.",
                 hint="Lower BACKLOT['MAX_BROKER_COUNTDOWN'] or raise visibility_timeout.",
                 id="jobs.E002",
+            )
+        )
+    return problems
+
+
+@register(Tags.compatibility)
+def check_conflicting_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The project's Celery settings that contradict the ledger (jobs.worker.conflicts), each
+    an error naming the setting and what to change; pickle in CELERY_ACCEPT_CONTENT is
+    jobs.E001's."""
+    given = conflicts.given_in_django_settings(settings, os.environ)
+    given.pop("accept_content", None)
+    problems: list[Any] = [
+        Error(conflict.message, hint=conflict.hint, obj=conflict.setting, id="jobs.E010")
+        for conflict in conflicts.conflicts(given)
+    ]
+    for name in conflicts.refused_allowances():
+        problems.append(
+            Error(
+                f"BACKLOT['ALLOW_CELERY_SETTINGS'] names {name!r}, which cannot be allowed.",
+                hint="It takes "
+                + ", ".join(sorted(set(conflicts.CHECKED.values()) - conflicts.NEVER_ALLOWED))
+                + " (JSON only is never let through).",
+                id="jobs.E011",
             )
         )
     return problems

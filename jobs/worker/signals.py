@@ -20,6 +20,7 @@ from django.db import close_old_connections
 
 from jobs.broker import counters, fetch, reservations
 from jobs.broker.broker import slim_message
+from jobs.worker import conflicts
 from jobs.worker.task import PlatformTask
 
 
@@ -41,6 +42,21 @@ def slim_platform_messages(
         return
     if isinstance(current_app.tasks.get(sender or ""), PlatformTask):
         slim_message(headers, properties)
+
+
+@worker_init.connect
+def refuse_conflicting_settings(sender: Any = None, **kwargs: Any) -> None:
+    """A worker does not start with a Celery setting that contradicts the ledger
+    (jobs.worker.conflicts): it exits (status 1) naming each and what to change, before it
+    consumes anything. SystemExit, as Celery's signals log and swallow an Exception."""
+    if sender is None:
+        return
+    found = conflicts.conflicts(conflicts.given_in_app(sender.app.conf))
+    if found:
+        lines = "\n".join(f"  - {conflict}" for conflict in found)
+        raise SystemExit(
+            f"Backlot: this worker's Celery settings contradict the job ledger:\n{lines}"
+        )
 
 
 @worker_init.connect

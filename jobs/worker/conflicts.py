@@ -1,0 +1,218 @@
+"""Celery settings of a host project that contradict what the job ledger needs.
+
+``jobs.worker.celery.configure`` lets a project's own ``CELERY_*`` setting win; for the few
+below, the project's value silently breaks the platform (a non-Redis broker: the worker cannot
+connect and the relay cannot see its queues; another result backend: ``AsyncResult.get()`` of a
+@job waits forever; pickle; acks on receipt: a crashed worker loses its job; queues without
+Backlot's: nothing consumes them). ``manage.py check`` reports each as jobs.E010 (see
+jobs.web.checks) and a worker refuses to start with them (jobs.worker.signals), each naming the
+setting and what to change. A project that means it lists the setting in
+``BACKLOT["ALLOW_CELERY_SETTINGS"]``: it is then neither reported nor refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery.utils.imports import symbol_by_name
+
+from jobs.core.conf import backlot_settings
+
+# Celery's lowercase name -> the Django setting a host writes (the CELERY namespace).
+CHECKED = {
+    "broker_url": "CELERY_BROKER_URL",
+    "result_backend": "CELERY_RESULT_BACKEND",
+    "task_serializer": "CELERY_TASK_SERIALIZER",
+    "result_serializer": "CELERY_RESULT_SERIALIZER",
+    "accept_content": "CELERY_ACCEPT_CONTENT",
+    "task_acks_late": "CELERY_TASK_ACKS_LATE",
+    "task_queues": "CELERY_TASK_QUEUES",
+}
+# Read from the environment by Celery itself, before any setting (celery.app.utils.Settings).
+FROM_ENVIRONMENT = ("broker_url", "result_backend")
+# JSON only is a rule that protects users (docs/reliability.md): these are never allowed.
+NEVER_ALLOWED = frozenset(
+    {"CELERY_TASK_SERIALIZER", "CELERY_RESULT_SERIALIZER", "CELERY_ACCEPT_CONTENT"}
+)
+REDIS_SCHEMES = ("redis", "rediss", "sentinel")
+LEDGER_BACKEND = "jobs.worker.results:LedgerResultBackend"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One setting of the project's that the ledger cannot work with."""
+
+    setting: str
+    message: str
+    hint: str
+
+    def __str__(self) -> str:
+        return f"{self.message} {self.hint}"
+
+
+def given_in_django_settings(django_settings: Any, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The checked settings the project set: its Django settings under the CELERY namespace,
+    the broker URL and result backend from the environment first, as Celery reads them."""
+    given = {
+        name: getattr(django_settings, setting)
+        for name, setting in CHECKED.items()
+        if hasattr(django_settings, setting)
+    }
+    for name in FROM_ENVIRONMENT:
+        if environ.get(CHECKED[name]):
+            given[name] = environ[CHECKED[name]]
+    return given
+
+
+def given_in_app(conf: Any) -> dict[str, Any]:
+    """The checked settings as a configured Celery app holds them (Backlot's values where the
+    project left them unset, which never conflict)."""
+    return {
+        name: getattr(conf, name) if name in FROM_ENVIRONMENT else conf[name] for name in CHECKED
+    }
+
+
+def conflicts(given: Mapping[str, Any]) -> list[Conflict]:
+    """Each of `given` (Celery's lowercase names) that contradicts the ledger, unless the
+    project allowed it in BACKLOT['ALLOW_CELERY_SETTINGS']."""
+    allowed = set(backlot_settings().ALLOW_CELERY_SETTINGS) - NEVER_ALLOWED
+    found = [
+        conflict
+        for name, value in given.items()
+        if name in CHECKED and CHECKED[name] not in allowed
+        for conflict in _conflicts_of(name, value)
+    ]
+    return found
+
+
+def refused_allowances() -> list[str]:
+    """Names in BACKLOT['ALLOW_CELERY_SETTINGS'] that cannot be allowed: not a setting
+    checked here, or one of JSON only's."""
+    allowable = set(CHECKED.values()) - NEVER_ALLOWED
+    return sorted(set(backlot_settings().ALLOW_CELERY_SETTINGS) - allowable)
+
+
+def _conflicts_of(name: str, value: Any) -> Iterable[Conflict]:
+    setting = CHECKED[name]
+    allow = (
+        ""
+        if setting in NEVER_ALLOWED
+        else f"(Or, deliberately, list {setting!r} in BACKLOT['ALLOW_CELERY_SETTINGS'].)"
+    )
+    if name == "broker_url":
+        yield from _broker_conflicts(setting, value, allow)
+    elif name == "result_backend" and not _is_ledger_backend(value):
+        yield Conflict(
+            setting,
+            f"{setting} is {_shown(value)}: a @job's result and state are kept in the job "
+            "ledger, so with another backend AsyncResult.get() of a @job waits forever "
+            "(PENDING).",
+            f"Delete {setting} (Backlot's backend, {LEDGER_BACKEND}, stores the results of "
+            f"untracked tasks in django-celery-results' table). {allow}",
+        )
+    elif name in ("task_serializer", "result_serializer") and value != "json":
+        yield Conflict(
+            setting,
+            f"{setting} is {value!r}: Backlot accepts JSON only (the ledger stores the "
+            "arguments and results as JSON; pickle runs code).",
+            f"Delete {setting} or set it to 'json'.",
+        )
+    elif name == "accept_content" and set(_listed(value)) - {"json", "application/json"}:
+        yield Conflict(
+            setting,
+            f"{setting} is {sorted(_listed(value))}: Backlot accepts JSON only (pickle runs code).",
+            f"Delete {setting} or set it to ['json'].",
+        )
+    elif name == "task_acks_late" and value is not True:
+        yield Conflict(
+            setting,
+            f"{setting} is {value!r}: a message acknowledged when it is received is lost with "
+            "a worker that dies while running it, and the ledger's claim cannot give it back.",
+            f"Delete {setting} (Backlot sets True; @job tasks ack late whatever it says). {allow}",
+        )
+    elif name == "task_queues":
+        missing = [q for q in backlot_settings().QUEUES if q not in _queue_names(value)]
+        if missing:
+            yield Conflict(
+                setting,
+                f"{setting} declares no queue {', '.join(map(repr, missing))} of "
+                "BACKLOT['QUEUES']: no worker consumes the jobs sent there (and Backlot "
+                "declares each with its ten priority lists).",
+                f"Delete {setting} and name the queues in BACKLOT['QUEUES'] instead. {allow}",
+            )
+
+
+def _broker_conflicts(setting: str, value: Any, allow: str) -> Iterable[Conflict]:
+    url = str(value or "")
+    first = url.split(";", 1)[0]
+    scheme = urlsplit(first).scheme
+    if scheme not in REDIS_SCHEMES:
+        # Only the scheme is shown: a broker URL may hold a password.
+        yield Conflict(
+            setting,
+            f"{setting} is a URL of scheme {scheme!r}: Backlot's broker is Redis (its "
+            "queues, priority lists, atomic fetch, delivery holders and relay read them there).",
+            f"Delete {setting}: the broker is then BACKLOT['REDIS_URL'] (or REDIS_URL); "
+            f"set that to your Redis, e.g. redis://HOST:6379/0. {allow}",
+        )
+        return
+    conf = backlot_settings()
+    if (
+        scheme != "sentinel"
+        and not conf.REDIS_SENTINELS
+        and _redis_key(url) != _redis_key(conf.REDIS_URL)
+    ):
+        yield Conflict(
+            setting,
+            f"{setting} names another Redis than BACKLOT['REDIS_URL']: queue depths, the "
+            "atomic fetch, delivery holders and the relay read the broker's lists on "
+            "BACKLOT['REDIS_URL'].",
+            f"Delete {setting} (the broker is then BACKLOT['REDIS_URL']), or give both the "
+            f"same URL. {allow}",
+        )
+
+
+def _redis_key(url: str) -> tuple[Any, ...]:
+    parts = urlsplit(url)
+    return (
+        parts.scheme,
+        parts.hostname or "localhost",
+        parts.port or 6379,
+        parts.path.strip("/") or "0",
+        parts.username or None,
+        parts.password or None,
+    )
+
+
+def _is_ledger_backend(value: Any) -> bool:
+    from jobs.worker.results import LedgerResultBackend  # imports models: Django must be set up
+
+    if isinstance(value, type):
+        return issubclass(value, LedgerResultBackend)
+    text = str(value or "")
+    if not text or "://" in text:
+        return False
+    try:
+        found = symbol_by_name(text)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(found, type) and issubclass(found, LedgerResultBackend)
+
+
+def _shown(value: Any) -> str:
+    """A result backend as the message shows it: its scheme or its class path, no password."""
+    text = str(value)
+    return f"a {text.split('://', 1)[0]}:// URL" if "://" in text else repr(text)
+
+
+def _listed(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value or ()]
+
+
+def _queue_names(value: Any) -> set[str]:
+    if isinstance(value, Mapping):
+        return {str(name) for name in value}
+    return {q if isinstance(q, str) else str(getattr(q, "name", q)) for q in value or ()}
