@@ -3,9 +3,12 @@
 OpenAPI at /api/openapi.json, interactive docs at /api/docs.
 """
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.db import DataError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
+from ninja.errors import HttpError
 from ninja.security import django_auth
 
 from emails.api import router as emails_router
@@ -14,11 +17,44 @@ from jobs.web.api_batches import router as batches_router
 from jobs.web.api_queues import router as queues_router
 from media_pipeline.api import router as videos_router
 from reports.api import router as reports_router
+from web.api_input import ApiParser, InputRefused, body_limit_of, refusal_response, too_large
 from web.auth import TokenAuth
 
 api = NinjaAPI(
-    title="Backlot API", version="1", auth=[TokenAuth(), django_auth], urls_namespace="api-1"
+    title="Backlot API",
+    version="1",
+    auth=[TokenAuth(), django_auth],
+    urls_namespace="api-1",
+    parser=ApiParser(),  # one JSON parser for every route (web.api_input)
 )
+
+
+@api.exception_handler(InputRefused)
+def input_refused(request: HttpRequest, exc: InputRefused) -> HttpResponse:
+    """A body over its limit (413) or text the API does not take (400), naming the field."""
+    return refusal_response(exc)
+
+
+@api.exception_handler(HttpError)
+def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    """ninja wraps what the body parser raises in HttpError(400, "Cannot parse request body"):
+    the parser's own refusal is the answer."""
+    if isinstance(exc.__cause__, InputRefused):
+        return refusal_response(exc.__cause__)
+    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+
+
+@api.exception_handler(RequestDataTooBig)
+def body_too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    """A body past DATA_UPLOAD_MAX_MEMORY_SIZE, which Django refuses to read: 413 as well,
+    naming the route's JSON limit, or for form data the form limit Django applied."""
+    declared = str(request.META.get("CONTENT_LENGTH") or "")
+    size = int(declared) if declared.isdigit() else None
+    if "json" in (request.content_type or ""):
+        limit = body_limit_of(request)
+    else:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    return refusal_response(too_large(limit, size))
 
 
 @api.exception_handler(DataError)

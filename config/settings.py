@@ -309,6 +309,9 @@ LOGOUT_REDIRECT_URL = "/"
 # Uploads (videos, CSV imports) larger than this are refused with 413 before they are stored.
 BACKLOT_MAX_UPLOAD_BYTES = int(os.environ.get("BACKLOT_MAX_UPLOAD_BYTES", str(500 * 1024 * 1024)))
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024  # larger uploads stream to a temp file
+# A JSON API body larger than this is refused unread with a JSON 413 naming the limit; a route
+# may set its own (web.api_input.body_limit: a campaign's recipients take 5 MB).
+API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", str(1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 # --- Standard Tasks API (django.tasks; django-tasks backport on Django 5.2) ------------------

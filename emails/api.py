@@ -13,6 +13,7 @@ from pydantic import EmailStr, Field
 
 from config.api_types import AuthenticatedRequest
 from jobs import InvalidPayload
+from web.api_input import body_limit
 from web.uploads import upload_limited
 
 from . import services
@@ -23,6 +24,9 @@ router = Router(tags=["emails"])
 
 # Template variables stay small: they ride in the ledger and in every message.
 MAX_CONTEXT_KEYS = 50
+# A campaign's body may list 10,000 recipients of up to 254 + 200 characters: 5 MB; every other
+# JSON body takes the API's default (API_MAX_BODY_BYTES, 1 MiB).
+CAMPAIGN_MAX_BODY_BYTES = 5 * 1024 * 1024
 
 
 class EmailIn(Schema):
@@ -137,6 +141,7 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
 @router.post(
     "/campaigns/", response={201: CampaignOut, 202: CampaignOut}, url_name="campaign_create"
 )
+@decorate_view(body_limit(CAMPAIGN_MAX_BODY_BYTES))
 def campaign_create(request: AuthenticatedRequest, payload: CampaignIn) -> Status:
     """Create a campaign, optionally with recipients; `start: true` fans it out at once (202)."""
     try:

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.urls import reverse
-from ninja import P, Router, Schema, Status
+from ninja import Field, P, Router, Schema, Status
 from ninja.decorators import decorate_view
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
@@ -27,8 +27,17 @@ router = Router(tags=["videos"])
 LIST_LIMIT = 100
 
 
+class FieldErrorOut(Schema):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
 class VideoErrorOut(Schema):
-    detail: str
+    detail: str | list[FieldErrorOut] = Field(
+        description="Why: a sentence, or one entry per refused field (the API's parser: a "
+        "control character in a form field, a body over its limit)."
+    )
 
 
 class VideoAccepted(Schema):

@@ -2,12 +2,11 @@
 
 POST / validates the request itself (reports.schemas) so that bad input is a 400 with one
 entry per bad field, in ninja's {"detail": [{"loc", "msg", "type"}]} shape; ninja's own body
-validation would answer 422.
+validation would answer 422. The body is read by the API's one parser (web.api_input.json_body).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import FileResponse
@@ -15,6 +14,7 @@ from ninja import Router, Status
 from ninja.errors import HttpError
 
 from config.api_types import AuthenticatedRequest
+from web.api_input import json_body
 
 from . import services
 from .exceptions import ReportInputError, ReportNotReady, ReportPermissionDenied
@@ -74,17 +74,7 @@ def report_create(request: AuthenticatedRequest) -> Status[dict[str, Any]]:
     caller's own needs reports.email_report_elsewhere. Nothing is written or enqueued for a
     bad or refused request.
     """
-    try:
-        data = json.loads(request.body or b"null")
-    except ValueError:
-        return Status(
-            400,
-            {
-                "detail": [
-                    {"loc": ["body"], "msg": "The body is not valid JSON.", "type": "json_invalid"}
-                ]
-            },
-        )
+    data = json_body(request)  # the API's one parser: limits, depth, control characters
     try:
         parsed = report_input_parse(data)
     except ReportInputError as exc:

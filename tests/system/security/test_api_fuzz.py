@@ -10,11 +10,17 @@ row, so a second test checks each documented answer once more with real objects 
 Checks are `not_a_server_error` and `response_schema_conformance`: an answer whose status code
 the schema documents must match the documented body. (Undocumented statuses, such as ninja's
 422 or a 404, are not held against the API here.)
+
+A third test sends every operation of the schema a fixed set of hostile bodies (nesting 50,000
+deep, 11 MB, NUL and other control characters, lone surrogates, NaN, bad UTF-8, a 5,000-digit
+number, a form field with a NUL): no 5xx, and every refusal is JSON with a reason.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -158,3 +164,74 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
     documented = {(operation.method.upper(), operation.path) for operation in operations}
     assert documented - called == set(), "an operation is not checked here: add it"
     assert not mismatches, "\n\n".join(mismatches)
+
+
+_DEEP = "[" * 50_000 + "]" * 50_000
+# (name, content type, raw body): sent as is, whatever the operation documents.
+HOSTILE_BODIES: list[tuple[str, str, bytes]] = [
+    ("nested 50,000 deep", "application/json", ('{"params": ' + _DEEP + "}").encode()),
+    ("bare deep array", "application/json", _DEEP.encode()),
+    ("11 MB", "application/json", b'"' + b"x" * (11 * 1024 * 1024) + b'"'),
+    (
+        "NUL in every string",
+        "application/json",
+        json.dumps(
+            {
+                "to": "a@example.com",
+                "template": "test\x00",
+                "subject": "Hi\x00",
+                "name": "N\x00",
+                "kind": "operations",
+                "params": {"start": "2025-01-01\x00", "end": "2025-01-02"},
+                "recipients": [{"email": "r@example.com", "name": "\x00"}],
+            }
+        ).encode(),
+    ),
+    ("escape and bell", "application/json", json.dumps({"name": "\x1b[2J\x07"}).encode()),
+    ("lone surrogate", "application/json", b'{"to": "a@example.com", "subject": "\\ud800"}'),
+    ("NaN", "application/json", b'{"kind": NaN, "params": {"start": Infinity}}'),
+    ("bad UTF-8", "application/json", b'{"name": "\xff\xfe"}'),
+    ("5,000 digits", "application/json", b'{"priority": ' + b"9" * 5000 + b"}"),
+    ("not JSON", "application/json", b"{'single': quotes"),
+    ("JSON as text/plain", "text/plain", b'{"to": "a@example.com"}'),
+    (
+        "form field with NUL",
+        "multipart/form-data; boundary=XX",
+        b'--XX\r\nContent-Disposition: form-data; name="formats"\r\n\r\n360p\x00\r\n'
+        b'--XX\r\nContent-Disposition: form-data; name="file"; filename="a\x00.csv"\r\n'
+        b"Content-Type: text/csv\r\n\r\nemail\r\n--XX--\r\n",
+    ),
+    ("form-urlencoded 11 MB", "application/x-www-form-urlencoded", b"a=" + b"x" * (11 << 20)),
+]
+
+
+def _path_value(name: str) -> str:
+    return str(uuid.uuid4()) if name.endswith(("job_id", "batch_id", "video_id")) else "1"
+
+
+def test_hostile_bodies_on_every_route_get_no_5xx_and_a_json_reason(api_token, clean_redis):
+    auth = {"Authorization": f"Bearer {api_token}"}
+    answers: dict[int, int] = {}
+    failures: list[str] = []
+    for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()
+        operation = result.ok()
+        path_parameters = {
+            parameter.name: _path_value(parameter.name) for parameter in operation.path_parameters
+        }
+        for name, content_type, body in HOSTILE_BODIES:
+            case = operation.Case(path_parameters=path_parameters)
+            response = case.call(headers={**auth, "Content-Type": content_type}, data=body)
+            answers[response.status_code] = answers.get(response.status_code, 0) + 1
+            said = f"{operation.method.upper()} {operation.path} with {name}"
+            if response.status_code >= 500:
+                failures.append(f"{said}: {response.status_code} {response.text[:300]}")
+            elif response.status_code in (400, 413) and "json" not in str(
+                response.headers.get("content-type")
+            ):
+                failures.append(f"{said}: {response.status_code} without a JSON reason")
+            elif response.status_code == 413:
+                assert "bytes" in response.json()["detail"][0]["msg"], said
+    assert not failures, "\n".join(failures)
+    assert 413 in answers and 400 in answers  # the limits and refusals were reached
