@@ -1,4 +1,5 @@
-"""The project's JSON API (django-ninja): session auth with CSRF, or a bearer token.
+"""The project's JSON API (django-ninja): session auth with CSRF, or a bearer token (web.auth:
+unknown tokens throttled per address, 429 with Retry-After; no credentials: 401 naming them).
 
 OpenAPI at /api/openapi.json, interactive docs at /api/docs.
 """
@@ -8,8 +9,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.db import DataError
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
-from ninja.errors import HttpError
-from ninja.security import django_auth
+from ninja.errors import AuthenticationError, HttpError, Throttled
 
 from emails.api import router as emails_router
 from jobs.web.api import router as jobs_router
@@ -18,12 +18,12 @@ from jobs.web.api_queues import router as queues_router
 from media_pipeline.api import router as videos_router
 from reports.api import router as reports_router
 from web.api_input import ApiParser, InputRefused, body_limit_of, refusal_response, too_large
-from web.auth import TokenAuth
+from web.auth import MISSING_CREDENTIALS, SessionAuth, TokenAuth
 
 api = NinjaAPI(
     title="Backlot API",
     version="1",
-    auth=[TokenAuth(), django_auth],
+    auth=[TokenAuth(), SessionAuth()],
     urls_namespace="api-1",
     parser=ApiParser(),  # one JSON parser for every route (web.api_input)
 )
@@ -41,7 +41,17 @@ def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     the parser's own refusal is the answer."""
     if isinstance(exc.__cause__, InputRefused):
         return refusal_response(exc.__cause__)
-    return api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+    if isinstance(exc, AuthenticationError):
+        # no credentials, or a token that is not one: say which (RFC 9110 WWW-Authenticate)
+        given = "Authorization" in request.headers
+        detail = "The bearer token is not valid." if given else MISSING_CREDENTIALS
+        response = api.create_response(request, {"detail": detail}, status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="api"'
+        return response
+    response = api.create_response(request, {"detail": str(exc)}, status=exc.status_code)
+    if isinstance(exc, Throttled) and exc.wait:
+        response["Retry-After"] = str(exc.wait)  # whole seconds (web.auth)
+    return response
 
 
 @api.exception_handler(RequestDataTooBig)

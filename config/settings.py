@@ -55,6 +55,8 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "jobs.web.middleware.ActingAsMiddleware",
+    # login and admin login refuse attempts while locked out: 429 (jobs.web.throttle)
+    "jobs.web.middleware.SignInThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]

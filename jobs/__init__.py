@@ -60,10 +60,11 @@ _EXPORTS = {
     "OwnedQuerySet": "jobs.core.ownership",
     "ReadOnlyAdmin": "jobs.admin",
     "backlot_settings": "jobs.core.conf",
+    "throttle": "jobs.web.throttle",
 }
 
 # names that are modules, not attributes of one
-_MODULES = frozenset({"events", "http"})
+_MODULES = frozenset({"events", "http", "throttle"})
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -110,6 +111,7 @@ __all__ = [
     "pause",
     "paused_queues",
     "resume",
+    "throttle",
 ]
 
 
@@ -163,6 +165,7 @@ if TYPE_CHECKING:
         dead_letter_replay,
         dead_letter_replay_many,
     )
+    from jobs.web import throttle
     from jobs.worker.decorators import job
     from jobs.worker.effects import effect_applied, effect_once
     from jobs.worker.task import PlatformTask

@@ -11,10 +11,11 @@ class JobsConfig(AppConfig):
         # cancellation: wraps the workers' revoke command so a revoke lands in the ledger;
         # pausing: the workers' pause hooks and their sync command; batches: publishes a
         # batch's callback job right after the finish that fired it; timers: a worker's event
-        # loop drops its cancelled time-limit timers.
+        # loop drops its cancelled time-limit timers; middleware: failed and passed sign-ins
+        # move the sign-in throttle's buckets (jobs.web.throttle).
         from jobs.broker import pausing, timers  # noqa: F401
         from jobs.flow import batches, cancellation  # noqa: F401
-        from jobs.web import checks, errors  # noqa: F401
+        from jobs.web import checks, errors, middleware  # noqa: F401
         from jobs.worker import signals, telemetry  # noqa: F401
 
         telemetry.connect()

@@ -46,6 +46,19 @@ return {verdict, tostring(wait)}
 """
 
 
+# KEYS[1]: bucket; ARGV: interval seconds, burst. The wait an acquire would get now (0: a
+# token is free), without taking one.
+_WAIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tat < now then tat = now end
+local wait = tat - tonumber(ARGV[1]) * (tonumber(ARGV[2]) - 1) - now
+if wait < 0 then wait = 0 end
+return tostring(wait)
+"""
+
+
 def parse_rate(rate: str) -> float:
     """Seconds between tokens for a rate like "50/s", "100/m", "1000/h" or "3/10s"."""
     match = _RATE_RE.match(rate or "")
@@ -80,6 +93,7 @@ class RateLimiter:
         self.client = client or redis_client()
         self.prefix = prefix
         self._script = self.client.register_script(_ACQUIRE)
+        self._wait = self.client.register_script(_WAIT)
 
     def acquire(
         self, name: str, rate: str, *, burst: int = 1, max_reserve: float | None = None
@@ -91,6 +105,10 @@ class RateLimiter:
             keys=[self.prefix + name], args=[repr(interval), int(burst), repr(float(max_reserve))]
         )
         return Decision(verdict.decode() if isinstance(verdict, bytes) else verdict, float(wait))
+
+    def wait_for(self, name: str, rate: str, *, burst: int = 1) -> float:
+        """Seconds until the bucket has a token (0: one is free now); takes none."""
+        return float(self._wait(keys=[self.prefix + name], args=[repr(parse_rate(rate)), burst]))
 
     def reset(self, name: str) -> None:
         self.client.delete(self.prefix + name)

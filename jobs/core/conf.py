@@ -83,6 +83,18 @@ class BacklotSettings:
     EFFECT_RETENTION_DAYS: int = 90
     # A degraded-health cause is alerted at most once per this many seconds.
     ALERT_INTERVAL: int = 900
+    # Failed sign-ins (the login page, the admin's) allowed per account and per client address,
+    # and failed bearer tokens per address, as "count/period" (jobs.web.throttle): past the
+    # count, the next attempt is 429 with Retry-After until a failure's token comes back
+    # (period / count: 3 minutes for 5/15m) or an operator lifts it (manage.py
+    # jobs_signin_unlock). 5 guesses per account per 15 minutes is OWASP's usual lockout;
+    # an address gets more, for offices behind one NAT.
+    SIGNIN_FAILURES_PER_ACCOUNT: str = "5/15m"
+    SIGNIN_FAILURES_PER_ADDRESS: str = "20/15m"
+    TOKEN_FAILURES_PER_ADDRESS: str = "20/15m"
+    # The views whose POST is a sign-in (URL names), refused while locked out
+    # (jobs.web.middleware.SignInThrottleMiddleware).
+    SIGNIN_VIEWS: tuple[str, ...] = ("login", "admin:login")
     # A running job's claim lasts this long and is renewed every third of it while it runs: a
     # job whose worker died is re-queued by the relay within about this time.
     LEASE_SECONDS: float = 30.0

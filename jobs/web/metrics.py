@@ -16,6 +16,7 @@ from jobs.core.conf import backlot_settings
 from jobs.flow.beat import LAST_TICK_KEY
 from jobs.flow.relay import LEASE_LAPSES, MISSING_RESENT, unknown_tasks
 from jobs.models import DeadLetter
+from jobs.web import throttle
 from jobs.web.monitoring import queue_stats, workers_online
 from jobs.worker import telemetry
 from jobs.worker.lease import FENCING
@@ -60,6 +61,30 @@ class BacklotCollector(Collector):
         yield from telemetry.collect()
         yield from _processes()
         yield from _fencing()
+        yield from _signins()
+
+
+def _signins() -> Iterator[Any]:
+    """Failed sign-ins and bearer tokens, and attempts refused while locked out
+    (jobs.web.throttle)."""
+    failures = CounterMetricFamily(
+        "backlot_signin_failures",
+        "Failed sign-ins (surface signin: the login page and the admin's) and unknown bearer "
+        "tokens (surface token).",
+        labels=["surface"],
+    )
+    refused = CounterMetricFamily(
+        "backlot_signin_refused",
+        "Sign-in and token attempts refused 429 while their account or address was locked out.",
+        labels=["surface", "by"],
+    )
+    for key, n in sorted(throttle.counts().items()):
+        if key[0] == "failed" and len(key) == 2:
+            failures.add_metric([key[1]], n)
+        elif key[0] == "refused" and len(key) == 3:
+            refused.add_metric([key[1], key[2]], n)
+    yield failures
+    yield refused
 
 
 def _fencing() -> Iterator[Any]:

@@ -1,0 +1,127 @@
+"""Sign-in throttling: failed sign-ins and bearer tokens, per account and per client address.
+
+Failures take a token from a bucket of the platform's limiter (jobs.broker.ratelimit, GCRA in
+Redis: the limit holds across every web process); while a bucket is empty, the next attempt is
+refused before its password or token is checked: 429 with Retry-After. The buckets are:
+
+- ``signin:account:<hash>``: the login page and the admin's login share it (one account), at
+  ``SIGNIN_FAILURES_PER_ACCOUNT``; a successful sign-in empties it again;
+- ``signin:address:<ip>``: ``SIGNIN_FAILURES_PER_ADDRESS``;
+- ``token:address:<ip>``: unknown bearer tokens, ``TOKEN_FAILURES_PER_ADDRESS`` (a token that
+  is guessed names no account).
+
+Account names are kept as a hash (no personal data in Redis keys or metrics). An operator lifts a
+lockout with ``manage.py jobs_signin_unlock --account NAME | --address IP``. What was refused and
+failed is counted for /metrics (``backlot_signin_failures``, ``backlot_signin_refused``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from django.http import HttpRequest
+
+from jobs.broker.ratelimit import RateLimiter
+from jobs.broker.redis import redis_client, redis_text
+from jobs.core.conf import backlot_settings
+
+COUNTS = "backlot:signin:counts"
+PREFIX = "backlot:rate:"
+SIGNIN = "signin"
+TOKEN = "token"
+
+
+@dataclass(frozen=True)
+class Lockout:
+    """An attempt refused: by which bucket (``account`` or ``address``) and for how long."""
+
+    by: str
+    wait: float
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds, as Retry-After takes them (RFC 9110), never 0."""
+        return max(1, math.ceil(self.wait))
+
+    def message(self) -> str:
+        whom = "this account" if self.by == "account" else "this address"
+        return (
+            f"Too many failed sign-ins for {whom}; try again in {self.retry_after} s "
+            "(an operator can lift the lockout)."
+        )
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's address as the server saw it (REMOTE_ADDR; a proxy in front must set it)."""
+    return str(request.META.get("REMOTE_ADDR") or "unknown")
+
+
+def account_key(account: str) -> str:
+    return hashlib.sha256(account.strip().lower().encode()).hexdigest()[:32]
+
+
+def _rate_count(rate: str) -> int:
+    """The count of "5/15m": the burst of failures the bucket lets through."""
+    return max(1, int(float(rate.split("/", 1)[0])))
+
+
+def _buckets(surface: str, address: str, account: str | None) -> list[tuple[str, str, str]]:
+    """(by, bucket name, rate) of one attempt."""
+    conf = backlot_settings()
+    if surface == TOKEN:
+        return [("address", f"token:address:{address}", conf.TOKEN_FAILURES_PER_ADDRESS)]
+    buckets = [("address", f"signin:address:{address}", conf.SIGNIN_FAILURES_PER_ADDRESS)]
+    if account:
+        buckets.append(
+            ("account", f"signin:account:{account_key(account)}", conf.SIGNIN_FAILURES_PER_ACCOUNT)
+        )
+    return buckets
+
+
+def locked_out(surface: str, *, address: str, account: str | None = None) -> Lockout | None:
+    """The lockout this attempt meets, the longest of its buckets'; None if it may go on.
+
+    A refusal is counted (``refused``, by surface and bucket)."""
+    limiter = RateLimiter(prefix=PREFIX)
+    found: Lockout | None = None
+    for by, name, rate in _buckets(surface, address, account):
+        wait = limiter.wait_for(name, rate, burst=_rate_count(rate))
+        if wait > 0 and (found is None or wait > found.wait):
+            found = Lockout(by=by, wait=wait)
+    if found is not None:
+        redis_client().hincrby(COUNTS, f"refused\t{surface}\t{found.by}", 1)
+    return found
+
+
+def failed(surface: str, *, address: str, account: str | None = None) -> None:
+    """A failed sign-in or unknown token: one token from each of its buckets, counted."""
+    limiter = RateLimiter(prefix=PREFIX)
+    for _, name, rate in _buckets(surface, address, account):
+        limiter.acquire(name, rate, burst=_rate_count(rate), max_reserve=0)
+    redis_client().hincrby(COUNTS, f"failed\t{surface}", 1)
+
+
+def succeeded(*, account: str) -> None:
+    """A sign-in that passed: the account's failures are forgotten (its address's are not)."""
+    RateLimiter(prefix=PREFIX).reset(f"signin:account:{account_key(account)}")
+
+
+def lift(*, account: str | None = None, address: str | None = None) -> int:
+    """An operator lifts a lockout: the account's or address's buckets emptied; how many were."""
+    client = redis_client()
+    names = []
+    if account:
+        names.append(f"{PREFIX}signin:account:{account_key(account)}")
+    if address:
+        names += [f"{PREFIX}signin:address:{address}", f"{PREFIX}token:address:{address}"]
+    return int(client.delete(*names)) if names else 0
+
+
+def counts() -> dict[tuple[str, ...], int]:
+    """What was counted: ("failed", surface) and ("refused", surface, by) -> n."""
+    return {
+        tuple(redis_text(field).split("\t")): int(n)
+        for field, n in redis_client().hgetall(COUNTS).items()
+    }
