@@ -314,6 +314,9 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024  # larger uploads stream to a temp
 # A JSON API body larger than this is refused unread with a JSON 413 naming the limit; a route
 # may set its own (web.api_input.body_limit: a campaign's recipients take 5 MB).
 API_MAX_BODY_BYTES = int(os.environ.get("API_MAX_BODY_BYTES", str(1024 * 1024)))
+# A recipients CSV reads at most this many data rows; past it the import ends failed naming
+# the row (emails.services).
+EMAIL_IMPORT_MAX_ROWS = int(os.environ.get("EMAIL_IMPORT_MAX_ROWS", "100000"))
 DATA_UPLOAD_MAX_MEMORY_SIZE = 10 * 1024 * 1024
 
 # --- Standard Tasks API (django.tasks; django-tasks backport on Django 5.2) ------------------

@@ -38,6 +38,10 @@ class EmailIn(Schema):
     subject: str | None = Field(default=None, max_length=255)
 
 
+class ErrorOut(Schema):
+    detail: str
+
+
 class Accepted(Schema):
     job_id: str
     status_url: str
@@ -114,6 +118,7 @@ class CampaignOut(Schema):
     campaign_id: int
     name: str
     status: str
+    error: str = Field(description="Why a failed campaign failed (its fan-out job's error).")
     summary: dict[str, int]
     job_id: str | None
     status_url: str | None
@@ -130,6 +135,7 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
         "campaign_id": campaign.pk,
         "name": campaign.name,
         "status": campaign.status_shown(summary),
+        "error": campaign.error,
         "summary": summary,
         "job_id": job_id,
         "status_url": f"/api/jobs/{job_id}/" if job_id else None,
@@ -203,7 +209,7 @@ class ImportOut(Schema):
 
 @router.post(
     "/campaigns/{campaign_id}/recipients/import",
-    response={202: ImportAccepted},
+    response={202: ImportAccepted, 409: ErrorOut},
     url_name="recipients_import",
 )
 @decorate_view(upload_limited)
@@ -213,11 +219,17 @@ def recipients_import(
     """Upload a CSV (header: email, name, ...); it is imported in the background.
 
     A file over BACKLOT_MAX_UPLOAD_BYTES is refused with 413 while it is read; nothing is kept.
+    A campaign that is no longer a draft takes no recipients: 409. The import ends failed with
+    the row number at a field over csv's limit, a line that is not UTF-8 or a row past
+    EMAIL_IMPORT_MAX_ROWS.
     """
     campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
-    row, handle = services.recipients_import_create(
-        campaign=campaign, upload=file, owner=request.auth, import_job=recipients_import_job
-    )
+    try:
+        row, handle = services.recipients_import_create(
+            campaign=campaign, upload=file, owner=request.auth, import_job=recipients_import_job
+        )
+    except services.CampaignNotDraft as exc:
+        raise HttpError(409, str(exc)) from None
     return Status(202, {"import_id": row.pk, "job_id": handle.id, "status_url": handle.status_url})
 
 

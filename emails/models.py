@@ -191,6 +191,7 @@ class CampaignStatus(models.TextChoices):
     SENDING = "sending", "Sending"  # started: the fan-out job queues one message per recipient
     DONE = "done", "Done"  # every recipient sent or failed (the batch's on_complete callback)
     CANCELLED = "cancelled", "Cancelled"  # stopped before every recipient was sent
+    FAILED = "failed", "Failed"  # its fan-out job gave up: see `error` (those sent stay sent)
 
 
 class Campaign(models.Model):
@@ -218,7 +219,10 @@ class Campaign(models.Model):
         max_length=16,
         choices=CampaignStatus.choices,
         default=CampaignStatus.DRAFT,
-        help_text="Draft, sending, done or cancelled.",
+        help_text="Draft, sending, done, cancelled or failed.",
+    )
+    error = models.TextField(
+        "error", blank=True, default="", help_text="Why it failed: its fan-out job's last error."
     )
     job_id = models.UUIDField("fan-out job", null=True, blank=True, help_text="The fan-out job.")
     batch_id = models.UUIDField(
@@ -256,6 +260,11 @@ class Campaign(models.Model):
         """sending -> cancelled: someone cancelled it; no more messages are fanned out or sent
         (those already sent stay sent)."""
         return _move(self, [CampaignStatus.SENDING], status=CampaignStatus.CANCELLED)
+
+    def mark_failed(self, *, error: str) -> bool:
+        """sending -> failed: its fan-out job gave up (dead-lettered); the messages it queued
+        go on, the recipients it never reached stay unsent."""
+        return _move(self, [CampaignStatus.SENDING], status=CampaignStatus.FAILED, error=error)
 
     def mark_done(self) -> bool:
         """sending -> done: the campaign's batch completed (every send job and the fan-out job
@@ -399,7 +408,8 @@ class ImportStatus(models.TextChoices):
     QUEUED = "queued", "Queued"  # uploaded; the import job waits
     RUNNING = "running", "Running"  # reading the file in chunks; the counts rise as it goes
     DONE = "done", "Done"  # every row read: imported, duplicate or skipped (see `errors`)
-    FAILED = "failed", "Failed"  # the file cannot be imported (no email column)
+    FAILED = "failed", "Failed"  # cannot be imported (see the last error's row and reason), or
+    # its job was dead-lettered or cancelled
 
 
 class RecipientImport(models.Model):
@@ -480,5 +490,12 @@ class RecipientImport(models.Model):
         )
 
     def mark_failed(self, *, errors: list[dict[str, Any]]) -> bool:
-        """running -> failed: the file cannot be imported."""
-        return _move(self, [ImportStatus.RUNNING], status=ImportStatus.FAILED, errors=errors)
+        """queued/running -> failed: the file cannot be imported, or its job died or was
+        cancelled (the last error says why)."""
+        return _move(
+            self,
+            [ImportStatus.QUEUED, ImportStatus.RUNNING],
+            status=ImportStatus.FAILED,
+            errors=errors,
+            finished_at=timezone.now(),
+        )

@@ -62,6 +62,15 @@ class EmailError(BacklotError, ValueError):
     """Bad input for an email: unknown template, invalid address, unsafe attachment."""
 
 
+class CampaignNotDraft(EmailError):
+    """Recipients may join a campaign only while it is a draft (the API answers 409)."""
+
+
+# A CSV import reads at most this many data rows (settings.EMAIL_IMPORT_MAX_ROWS overrides):
+# a 100,000-row file imports in ~40 s on one worker; a larger list is a data migration.
+DEFAULT_IMPORT_MAX_ROWS = 100_000
+
+
 def email_templates() -> list[str]:
     """Template names that have an HTML part, a text part and a subject under templates/emails/."""
     folder = Path(settings.BASE_DIR) / "templates" / "emails"
@@ -454,6 +463,12 @@ def campaign_cancel(*, campaign: Campaign, by: Any = None) -> int:
     return stopped
 
 
+def campaign_fan_out_gave_up(*, campaign_id: int, reason: str) -> bool:
+    """The fan-out job was dead-lettered: a sending campaign is failed, with the reason."""
+    campaign = Campaign.objects.filter(pk=campaign_id).first()
+    return campaign is not None and campaign.mark_failed(error=reason[:2000])
+
+
 def campaign_cancelled(*, campaign_id: int) -> None:
     """The fan-out job was cancelled (by campaign_cancel, the jobs API or admin): the campaign
     is cancelled, with every message still queued."""
@@ -492,7 +507,13 @@ def recipients_import_create(
     import_job: PlatformTask[[int], dict[str, int]],
 ) -> tuple[RecipientImport, JobHandle]:
     """Store the uploaded CSV under a generated name and queue its `import_job`
-    (emails.tasks.recipients_import_job)."""
+    (emails.tasks.recipients_import_job). A campaign that is no longer a draft takes no
+    recipients: CampaignNotDraft, nothing stored."""
+    if campaign.status != CampaignStatus.DRAFT:
+        raise CampaignNotDraft(
+            f"Campaign {campaign.pk} is {campaign.status}: recipients may be imported only "
+            "into a draft campaign."
+        )
     relative = f"imports/{uuid.uuid4().hex}.csv"
     path = Path(settings.MEDIA_ROOT) / relative
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -508,17 +529,49 @@ def recipients_import_create(
     return row, handle
 
 
+class ImportRefused(EmailError):
+    """The CSV cannot be imported past `row` (1 = the header): `reason` says why."""
+
+    def __init__(self, row: int, reason: str) -> None:
+        super().__init__(f"row {row}: {reason}")
+        self.row = row
+        self.reason = reason
+
+
 class _CountingLines:
-    """Lines of a binary file decoded as UTF-8, counting bytes read (for progress)."""
+    """Lines of a binary file decoded as UTF-8, counting bytes read (for progress); a line that
+    is not UTF-8 is refused (ImportRefused with its row), not imported garbled."""
 
     def __init__(self, handle: IO[bytes]) -> None:
         self.handle = handle
         self.bytes_read = 0
+        self.row = 1  # the CSV row the next line belongs to (set by the reader's loop)
 
     def __iter__(self) -> Iterator[str]:
+        first = True
         for raw in self.handle:
             self.bytes_read += len(raw)
-            yield raw.decode("utf-8-sig", errors="replace")
+            try:
+                yield raw.decode("utf-8-sig" if first else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise ImportRefused(
+                    self.row, f"not UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})"
+                ) from None
+            first = False
+
+
+def import_max_rows() -> int:
+    return int(getattr(settings, "EMAIL_IMPORT_MAX_ROWS", DEFAULT_IMPORT_MAX_ROWS))
+
+
+def recipients_import_failed(*, import_id: int, reason: str, row: int | None = None) -> bool:
+    """The import's job ended without finishing it (dead-lettered or cancelled): the import is
+    failed, with the reason; one that already ended keeps its outcome."""
+    record = RecipientImport.objects.filter(pk=import_id).first()
+    if record is None:
+        return False
+    errors = [*record.errors[: MAX_REPORTED_ERRORS - 1], {"row": row, "reason": reason}]
+    return record.mark_failed(errors=errors)
 
 
 def recipients_import_run(
@@ -528,6 +581,9 @@ def recipients_import_run(
 
     Streams the file (a 100,000-row CSV never sits in memory), skips and reports bad rows
     with their row number, and is safe to run again: known recipients count as duplicates.
+    A file that cannot be read on (a field over csv's field limit, a line that is not UTF-8,
+    more rows than EMAIL_IMPORT_MAX_ROWS) or a campaign that is no longer a draft ends the
+    import failed with the row number, raising Permanent: the rows before stay imported.
     """
     record = RecipientImport.objects.select_related("campaign").get(pk=import_id)
     path = Path(settings.MEDIA_ROOT) / record.file
@@ -537,54 +593,88 @@ def recipients_import_run(
         return record
     counts = {"rows_read": 0, "imported": 0, "duplicates": 0, "skipped": 0}
     errors: list[dict[str, Any]] = []
+    try:
+        if record.campaign.status != CampaignStatus.DRAFT:
+            raise ImportRefused(1, f"the campaign is {record.campaign.status}, not a draft")
+        _import_rows(record, path, size, counts, errors, progress)
+    except (ImportRefused, csv.Error) as exc:
+        row = exc.row if isinstance(exc, ImportRefused) else counts["rows_read"] + 2
+        reason = exc.reason if isinstance(exc, ImportRefused) else _csv_reason(exc)
+        record.record_counts(counts=counts, errors=errors)
+        recipients_import_failed(import_id=import_id, reason=reason, row=row)
+        raise Permanent(f"Import {import_id}: row {row}: {reason}") from None
+    record.mark_done(counts=counts, errors=errors)
+    if progress:
+        progress(size, size, f"{counts['imported']} imported, {counts['skipped']} skipped")
+    return record
+
+
+def _csv_reason(exc: csv.Error) -> str:
+    if "field larger than field limit" in str(exc):
+        return f"a field is longer than {csv.field_size_limit()} characters"
+    return f"not readable as CSV ({exc})"
+
+
+def _import_rows(
+    record: RecipientImport,
+    path: Path,
+    size: int,
+    counts: dict[str, int],
+    errors: list[dict[str, Any]],
+    progress: Callable[[int, int, str], None] | None,
+) -> None:
+    limit = import_max_rows()
     with open(path, "rb") as handle:
         lines = _CountingLines(handle)
         reader = csv.DictReader(lines)
         fields = [f.strip().lower() for f in (reader.fieldnames or [])]
         if "email" not in fields:
-            record.mark_failed(errors=[{"row": 1, "reason": "no 'email' column in the header"}])
-            raise Permanent(f"Import {import_id}: the CSV header has no 'email' column")
+            raise ImportRefused(1, "no 'email' column in the header")
         reader.fieldnames = fields
         chunk: dict[str, CampaignRecipient] = {}
-        for number, row in enumerate(reader, start=2):  # row 1 is the header
-            counts["rows_read"] += 1
-            address = (row.get("email") or "").strip().lower()
-            try:
-                validate_email(address)
-            except ValidationError:
-                counts["skipped"] += 1
-                if len(errors) < MAX_REPORTED_ERRORS:
-                    errors.append(
-                        {
-                            "row": number,
-                            "reason": "invalid email address" if address else "email is empty",
-                        }
-                    )
-                continue
-            if address in chunk:
-                counts["duplicates"] += 1
-                continue
-            extra = {
-                k.replace("\x00", ""): (v or "").replace("\x00", "")
-                for k, v in row.items()
-                if k and k not in ("email", "name") and isinstance(v, str)
-            }
-            chunk[address] = CampaignRecipient(
-                campaign=record.campaign,
-                email=address,
-                data=extra,
-                name=(row.get("name") or "").replace("\x00", "").strip()[:200],
-            )
-            if len(chunk) >= CHUNK:
-                _import_chunk(record, chunk, counts)
-                record.record_counts(counts=counts, errors=errors)
-                if progress:
-                    progress(lines.bytes_read, size, f"{counts['rows_read']} rows read")
+        lines.row = 2
+        try:
+            for number, row in enumerate(reader, start=2):  # row 1 is the header
+                lines.row = number + 1
+                if number - 1 > limit:
+                    raise ImportRefused(number, f"more than {limit} rows (EMAIL_IMPORT_MAX_ROWS)")
+                counts["rows_read"] += 1
+                address = (row.get("email") or "").strip().lower()
+                try:
+                    validate_email(address)
+                except ValidationError:
+                    counts["skipped"] += 1
+                    if len(errors) < MAX_REPORTED_ERRORS:
+                        errors.append(
+                            {
+                                "row": number,
+                                "reason": "invalid email address" if address else "email is empty",
+                            }
+                        )
+                    continue
+                if address in chunk:
+                    counts["duplicates"] += 1
+                    continue
+                extra = {
+                    k.replace("\x00", ""): (v or "").replace("\x00", "")
+                    for k, v in row.items()
+                    if k and k not in ("email", "name") and isinstance(v, str)
+                }
+                chunk[address] = CampaignRecipient(
+                    campaign=record.campaign,
+                    email=address,
+                    data=extra,
+                    name=(row.get("name") or "").replace("\x00", "").strip()[:200],
+                )
+                if len(chunk) >= CHUNK:
+                    _import_chunk(record, chunk, counts)
+                    record.record_counts(counts=counts, errors=errors)
+                    if progress:
+                        progress(lines.bytes_read, size, f"{counts['rows_read']} rows read")
+        except (ImportRefused, csv.Error):
+            _import_chunk(record, chunk, counts)  # the rows before the refused one stay
+            raise
         _import_chunk(record, chunk, counts)
-    record.mark_done(counts=counts, errors=errors)
-    if progress:
-        progress(size, size, f"{counts['imported']} imported, {counts['skipped']} skipped")
-    return record
 
 
 def _import_chunk(

@@ -29,6 +29,26 @@ def _email_cancelled(args: tuple, kwargs: dict) -> None:
     services.email_cancelled(email_id=int(kwargs.get("email_id") or args[0]))
 
 
+def _import_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.recipients_import_failed(
+        import_id=int(kwargs.get("import_id") or args[0]),
+        reason=f"the import job gave up: {type(exc).__name__}: {exc}",
+    )
+
+
+def _import_cancelled(args: tuple, kwargs: dict) -> None:
+    services.recipients_import_failed(
+        import_id=int(kwargs.get("import_id") or args[0]), reason="the import job was cancelled"
+    )
+
+
+def _fan_out_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.campaign_fan_out_gave_up(
+        campaign_id=int(kwargs.get("campaign_id") or args[0]),
+        reason=f"the fan-out job gave up: {type(exc).__name__}: {exc}",
+    )
+
+
 def _campaign_cancelled(args: tuple, kwargs: dict) -> None:
     services.campaign_cancelled(campaign_id=int(kwargs.get("campaign_id") or args[0]))
 
@@ -62,6 +82,7 @@ def email_send_job(self: Any, email_id: int) -> str:
     bind=True,
     time_limit=3600,
     retry=RetryPolicy(max_attempts=3, base_delay=10),
+    on_dead=_fan_out_gave_up,
     on_cancelled=_campaign_cancelled,
 )
 def campaign_fan_out_job(self: Any, campaign_id: int) -> int:
@@ -86,6 +107,8 @@ def campaign_done_job(batch_id: str, campaign_id: int) -> str:
     bind=True,
     time_limit=3600,
     retry=RetryPolicy(max_attempts=3, base_delay=10),
+    on_dead=_import_gave_up,
+    on_cancelled=_import_cancelled,
 )
 def recipients_import_job(self: Any, import_id: int) -> dict[str, int]:
     row = services.recipients_import_run(import_id=import_id, progress=self.progress)

@@ -103,14 +103,18 @@ def campaign_detail(request: HttpRequest, campaign_id: int) -> HttpResponse:
                 "file", f"The file is larger than {settings.BACKLOT_MAX_UPLOAD_BYTES} bytes."
             )
         else:
-            services.recipients_import_create(
-                campaign=campaign,
-                upload=upload,
-                owner=request.user,
-                import_job=recipients_import_job,
-            )
-            messages.success(request, "Import started; the recipient count updates as it runs.")
-            return redirect("emails:campaign", campaign_id=campaign.pk)
+            try:
+                services.recipients_import_create(
+                    campaign=campaign,
+                    upload=upload,
+                    owner=request.user,
+                    import_job=recipients_import_job,
+                )
+            except services.CampaignNotDraft as exc:
+                form.add_error("file", str(exc))
+            else:
+                messages.success(request, "Import started; the recipient count updates as it runs.")
+                return redirect("emails:campaign", campaign_id=campaign.pk)
     return render(
         request,
         "emails/pages/campaign.html",

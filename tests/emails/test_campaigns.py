@@ -293,3 +293,28 @@ def test_the_last_outcome_marks_the_campaign_done(worker, mailbox, admin_user):
         campaign.summary()
     batch_reads = [q["sql"] for q in queries.captured_queries if '"jobs_batch"' in q["sql"]]
     assert len(batch_reads) == 1 and '"jobs_job"' in batch_reads[0]
+
+
+def test_a_campaign_whose_fan_out_job_dies_ends_failed_with_the_reason(worker, client, admin_user):
+    # given a started campaign whose template vanished: the fan-out fails for good
+    campaign = services.campaign_create(
+        name="doomed",
+        template="campaign",
+        context={},
+        owner=admin_user,
+        recipients=[{"email": "one@example.com"}],
+    )
+    Campaign.objects.filter(pk=campaign.pk).update(template="no-such-template")
+    services.campaign_start(campaign=campaign, fan_out_job=campaign_fan_out_job)
+    campaign.refresh_from_db()
+    client.force_login(admin_user)
+    # when its job is dead-lettered, then the campaign reads failed, with the reason
+    body = wait_until(
+        lambda: (
+            (b := client.get(f"/api/campaigns/{campaign.pk}/").json())["status"] == "failed" and b
+        ),
+        what="the campaign to fail",
+    )
+    assert Job.objects.get(pk=body["job_id"]).state == "dead"
+    assert body["error"].startswith("the fan-out job gave up: ")
+    assert "no-such-template" in body["error"]
