@@ -111,7 +111,10 @@ def platform_settings() -> dict[str, Any]:
         # SIGTERM: running jobs get this long to finish before they are requeued.
         # https://docs.celeryq.dev/en/stable/userguide/workers.html#soft-shutdown
         "worker_soft_shutdown_timeout": 30.0,
-        "worker_enable_soft_shutdown_on_idle": True,
+        # ... and only then: an idle worker stops at once (Celery skips the wait when no
+        # request is active; on idle it would sleep the whole timeout for nothing). A worker's
+        # prefetched and countdown messages go back to Redis at its cold shutdown either way.
+        "worker_enable_soft_shutdown_on_idle": False,
         # Job time limits (the production checklist): jobs that set none stop after 30 min.
         "task_time_limit": 1800,
         "task_soft_time_limit": 1740,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
@@ -127,6 +128,7 @@ def job(
     if not track:
         celery_options.setdefault("ignore_result", True)
     base = platform_base(celery_options.pop("base", None))
+    policy = with_max_retries(retry or DEFAULT_POLICY, celery_options.get("max_retries"))
 
     def decorate(func: Callable[..., Any]) -> PlatformTask:
         # celery-types' overloads want name: str and int time limits; Celery takes None (a
@@ -136,7 +138,7 @@ def job(
             name=name,
             bind=bind,
             queue_name=queue,
-            policy=retry or DEFAULT_POLICY,
+            policy=policy,
             time_limit=time_limit,
             soft_time_limit=soft_time_limit,
             cluster_rate_limit=rate_limit,
@@ -154,6 +156,18 @@ def job(
         )(func)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def with_max_retries(policy: RetryPolicy, max_retries: Any) -> RetryPolicy:
+    """The policy a task runs under when it declares Celery's ``max_retries=N``: N + 1 attempts
+    in all, so the ledger's max_attempts (the status API's) is what runs, whether the attempts
+    end through self.retry() (which reads max_retries) or the policy. max_retries=None (Celery's
+    "no limit") keeps the policy's: Backlot never retries without one."""
+    if not isinstance(max_retries, int) or isinstance(max_retries, bool):
+        return policy
+    if max_retries < 0:
+        raise ValueError(f"max_retries must be >= 0, got {max_retries!r}")
+    return dataclasses.replace(policy, max_attempts=max_retries + 1)
 
 
 @functools.cache

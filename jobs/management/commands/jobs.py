@@ -45,6 +45,10 @@ COLUMNS = [
 
 class Command(BaseCommand):
     help = "Queue status, bulk retry or discard of dead letters, and retention."
+    # An operator's command prints its own answer only: the system checks (warnings such as
+    # an empty METRICS_TOKEN, and a worker ping) belong to `manage.py check` and the deploy,
+    # not in front of every `jobs status` (Django runs them all, printing each warning).
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True)

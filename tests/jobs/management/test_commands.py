@@ -230,3 +230,26 @@ def test_relay_alive_answers_from_the_last_sweep(clean_redis):
     redis_client().set(RELAY_HEARTBEAT, repr(time.time() - 120))
     with pytest.raises(CommandError, match=r"last sweep 12[0-9]s ago"):
         run("relay", "--alive", "30")
+
+
+def test_a_jobs_command_prints_no_system_check_output(worker_env):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    # a real `manage.py jobs status`, as an operator runs it (call_command skips the checks)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "jobs", "status", "--json"],
+        cwd=ROOT,
+        env=worker_env,  # the test database
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert "System check" not in done.stderr + done.stdout
+    assert "jobs.W0" not in done.stderr + done.stdout
+    assert "queues" in json.loads(done.stdout)

@@ -676,3 +676,19 @@ def test_delay_on_commit_in_a_rolled_back_transaction_sends_nothing(worker, uniq
 
     assert not Job.objects.filter(task_name="compat.redis_echo", args__contains=[unique]).exists()
     assert queue_depths(["default", "emails"]) == {"default": 0, "emails": 0}
+
+
+def test_a_declared_max_retries_is_the_max_attempts_that_runs_and_the_api_shows(
+    worker, unique, admin_client
+):
+    # given: @job(bind=True, max_retries=1) that always asks self.retry() (the policy's is 5)
+    assert ct.retry_transient.policy.max_attempts == 2
+
+    result = ct.retry_transient.delay(unique)
+
+    with pytest.raises(ConnectionError):
+        result.get(timeout=TIMEOUT)
+    job = Job.objects.get(id=result.id)
+    assert job.state == JobState.DEAD and job.attempts == job.max_attempts == 2
+    shown = admin_client.get(f"/api/jobs/{result.id}/").json()
+    assert shown["attempts"] == shown["max_attempts"] == 2
