@@ -15,8 +15,10 @@ class JobsConfig(AppConfig):
         # move the sign-in throttle's buckets (jobs.web.throttle).
         from jobs.broker import pausing, timers  # noqa: F401
         from jobs.flow import batches, cancellation  # noqa: F401
+        from jobs.ledger import sqlite
         from jobs.web import checks, errors, middleware  # noqa: F401
         from jobs.worker import signals, telemetry  # noqa: F401
 
+        sqlite.connect()  # WAL, busy timeout, IMMEDIATE on a SQLite file (jobs.ledger.sqlite)
         telemetry.connect()
         errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised
