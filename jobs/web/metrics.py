@@ -135,7 +135,7 @@ def _processes() -> Iterator[Any]:
     workers = GaugeMetricFamily(
         "backlot_workers", "Celery workers (nodes) consuming each queue.", labels=["queue"]
     )
-    online = workers_online()  # cached 10 s: one broadcast ping per scrape at most
+    online = workers_online()  # the workers' own presence records: no broadcast
     for queue in backlot_settings().QUEUES:
         workers.add_metric([queue], sum(queue in names for names in online.values()))
     yield workers

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from celery import current_app
 from django.db import connection
 from django.db.models import Count, Min, Q
 from django.utils import timezone
@@ -16,15 +14,12 @@ from django.utils import timezone
 from jobs.broker import broker
 from jobs.broker.pausing import paused_queues
 from jobs.broker.redis import redis_client
+from jobs.broker.reservations import workers_present
 from jobs.core.conf import backlot_settings
 from jobs.flow.relay import unknown_tasks
 from jobs.models import DeadLetter, Job, JobState
 
 logger = logging.getLogger(__name__)
-
-# Worker pings are broadcast over the broker and cost up to a second; share one answer.
-WORKERS_CACHE_SECONDS = 10
-WORKERS_CACHE_KEY = "backlot:monitor:workers"
 
 
 @dataclass
@@ -93,33 +88,20 @@ def queue_stats() -> list[QueueStats]:
 
 
 def workers_detail() -> dict[str, dict[str, Any]]:
-    """Worker hostname -> {"queues": [...], "concurrency": n}; cached briefly in Redis.
-
-    A pause or resume since the answer was cached makes it stale: workers act on it at once,
-    and a queue just resumed must not read as "no worker consumes it" for the cache's life."""
-    client = redis_client()
-    paused = sorted(paused_queues())
-    cached = client.get(WORKERS_CACHE_KEY)
-    if cached is not None:
-        entry = json.loads(cached)
-        if entry.get("paused") == paused:
-            return entry["workers"]
-    inspect = current_app.control.inspect(timeout=1.0)
-    queues = inspect.active_queues() or {}
-    stats: dict[str, Any] = inspect.stats() or {} if queues else {}
-    workers = {
-        host: {
-            "queues": sorted(q["name"] for q in host_queues),
-            "concurrency": (stats.get(host) or {}).get("pool", {}).get("max-concurrency"),
+    """Worker hostname -> {"queues": [...], "concurrency": n, "last_beat": unix time}, read
+    from the presence each worker keeps with its heartbeat (jobs.broker.reservations): two
+    Redis commands, never a broadcast to the workers (an inspect waits its whole timeout,
+    1 s, for workers that may never answer). A paused queue is left out of a worker's queues:
+    workers stop consuming it within the pause's sync interval."""
+    paused = paused_queues()
+    return {
+        node: {
+            "queues": [queue for queue in record.get("queues", []) if queue not in paused],
+            "concurrency": record.get("concurrency"),
+            "last_beat": record.get("beat"),
         }
-        for host, host_queues in queues.items()
+        for node, record in workers_present().items()
     }
-    client.set(
-        WORKERS_CACHE_KEY,
-        json.dumps({"paused": paused, "workers": workers}),
-        ex=WORKERS_CACHE_SECONDS,
-    )
-    return workers
 
 
 def workers_online() -> dict[str, list[str]]:

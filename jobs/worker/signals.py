@@ -70,9 +70,24 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
 
 
 @worker_ready.connect
-def keep_worker_heartbeat(**kwargs: Any) -> None:
-    """Once the pool has started: the worker's heartbeat, refreshed from a thread."""
-    reservations.keep_alive()
+def keep_worker_heartbeat(sender: Any = None, **kwargs: Any) -> None:
+    """Once the pool has started: the worker's heartbeat, refreshed from a thread, with its
+    presence (the queues it was started with, its concurrency) that the cockpit reads
+    (jobs.broker.reservations.workers_present) instead of an inspect broadcast."""
+    presence = None
+    if sender is not None:
+        controller = getattr(sender, "controller", None)
+        presence = {
+            "queues": sorted(sender.app.amqp.queues.consume_from),
+            "concurrency": getattr(controller, "concurrency", None),
+        }
+    reservations.keep_alive(presence)
+
+
+@worker_shutdown.connect
+def leave_presence(**kwargs: Any) -> None:
+    """The worker stops: the cockpit stops listing it now, not a heartbeat's TTL later."""
+    reservations.leave()
 
 
 @worker_process_shutdown.connect

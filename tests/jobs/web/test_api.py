@@ -8,6 +8,7 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from jobs.models import DeadLetter, Job
+from tests.conftest import wait_until
 from tests.support import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,6 +72,10 @@ def test_dead_job_shows_its_error(client, owner, owned_job):
 
 
 def test_health_reports_checks(client, admin_user, session_worker, clean_redis):
+    from jobs.broker.reservations import workers_present
+
+    # clean_redis emptied Redis: the worker's presence is back at its next heartbeat (3 s)
+    wait_until(lambda: session_worker.name in workers_present(), what="the worker's presence")
     assert set(client.get("/health/").json()) == {"status"}  # details only for operators
     client.force_login(admin_user)
     response = client.get("/health/")
