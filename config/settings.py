@@ -289,6 +289,8 @@ BACKLOT: dict[str, Any] = {
     # Workers take each message and record it as theirs in one Redis step (jobs.broker.fetch); "0"
     # gives kombu's BRPOP and second write back.
     "ATOMIC_FETCH": os.environ.get("BACKLOT_ATOMIC_FETCH", "1") != "0",
+    # Adopt mode (jobs.flow.adopt): plain Celery tasks become platform tasks; "1" turns it on.
+    "ADOPT_CELERY_TASKS": os.environ.get("BACKLOT_ADOPT_CELERY_TASKS", "0") == "1",
     "REDIS_SENTINELS": REDIS_SENTINELS,
     "REDIS_SENTINEL_MASTER": REDIS_SENTINEL_MASTER,
     "REDIS_SENTINEL_PASSWORD": REDIS_SENTINEL_PASSWORD,

@@ -17,8 +17,9 @@ class JobsConfig(AppConfig):
         from jobs.flow import batches, cancellation  # noqa: F401
         from jobs.ledger import sqlite
         from jobs.web import checks, errors, middleware  # noqa: F401
-        from jobs.worker import signals, telemetry  # noqa: F401
+        from jobs.worker import celery, signals, telemetry  # noqa: F401
 
+        celery.adopt_if_asked()  # BACKLOT["ADOPT_CELERY_TASKS"] (jobs.flow.adopt)
         sqlite.connect()  # WAL, busy timeout, IMMEDIATE on a SQLite file (jobs.ledger.sqlite)
         telemetry.connect()
         errors.connect()  # dead jobs to Sentry, when sentry-sdk is installed and initialised

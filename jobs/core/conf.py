@@ -118,6 +118,10 @@ class BacklotSettings:
     # and stop a worker at start; a setting named here, e.g. ("CELERY_TASK_ACKS_LATE",), is
     # the project's deliberate choice and is let through. JSON only cannot be let through.
     ALLOW_CELERY_SETTINGS: tuple[str, ...] = ()
+    # Adopt mode (jobs.flow.adopt): every plain Celery task of the project (@shared_task,
+    # @app.task without base=) is a platform task: ledger row, claim, status, dead letter,
+    # replay. @shared_task(backlot=False) keeps one plain.
+    ADOPT_CELERY_TASKS: bool = False
     # Redis' redelivery timeout for unacknowledged messages (read from the broker options).
     VISIBILITY_TIMEOUT: int = field(default=DEFAULT_VISIBILITY_TIMEOUT)
 

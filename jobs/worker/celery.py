@@ -34,6 +34,8 @@ from jobs.broker import fetch
 from jobs.broker.redis import broker_transport_options, broker_url
 from jobs.core.conf import backlot_settings
 
+# Adopt mode's task class (jobs.flow.adopt, above this layer: named, not imported).
+ADOPTED_TASK_CLASS = "jobs.flow.adopt:AdoptedTask"
 # Redis transport: a queue is ten lists, one per priority step, consumed highest first.
 # https://docs.celeryq.dev/en/stable/userguide/routing.html#redis-message-priorities
 PRIORITY_TRANSPORT_OPTIONS: dict[str, Any] = {
@@ -52,18 +54,40 @@ PRIORITY_TRANSPORT_OPTIONS: dict[str, Any] = {
 def configure(app: Celery) -> None:
     """Give ``app`` Backlot's Celery settings wherever the project did not set its own.
 
-    Call it once, after ``config_from_object`` and before the app is used. Also makes SIGTERM
+    Call it once, after ``config_from_object`` and before the app is used. With
+    ``BACKLOT["ADOPT_CELERY_TASKS"]`` the project's plain tasks become platform tasks
+    (jobs.flow.adopt). Also makes SIGTERM
     (a deploy) a soft shutdown: running jobs get ``worker_soft_shutdown_timeout`` seconds to
     finish, the rest are requeued (acks_late) to run elsewhere. Celery does that only when
     SIGTERM is remapped to SIGQUIT, which billiard reads from ``REMAP_SIGTERM`` before the
     worker starts; an ``REMAP_SIGTERM`` already in the environment is kept.
     """
     billiard.common.REMAP_SIGTERM = os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
+    _configured.append(app)  # adopt mode is decided once Django's settings are loaded
     fetch.ring_bells()  # each task message rings its queue's bell (jobs.broker.fetch)
     if app.configured:  # type: ignore[attr-defined]  # celery-types does not declare it
         _apply(app.conf)
     else:
         app.on_after_configure.connect(_on_after_configure, sender=app, weak=False)
+
+
+# The apps configure() was given, for adopt mode: BACKLOT is read only once Django's apps are
+# ready (jobs.apps), never while the settings module may still be importing this one.
+_configured: list[Celery] = []
+
+
+def adopt_if_asked() -> None:
+    """With BACKLOT["ADOPT_CELERY_TASKS"], make adopt mode's task class (jobs.flow.adopt) the
+    base of each configured app's plain tasks, before the app builds them (it builds them when
+    its tasks are first read, after Django's apps are ready). A project's own
+    Celery(task_cls=...) is kept, and its tasks are not adopted."""
+    if not backlot_settings().ADOPT_CELERY_TASKS:
+        return
+    for app in _configured:
+        if app.finalized or app._custom_task_cls_used:  # type: ignore[attr-defined]
+            continue
+        app.task_cls = ADOPTED_TASK_CLASS
+        app.__dict__.pop("Task", None)  # Celery's cached_property: built from task_cls again
 
 
 def _on_after_configure(sender: Celery, source: Any, **kwargs: Any) -> None:

@@ -29,7 +29,7 @@ def task_by_name(name: str) -> PlatformTask:
     if task is None:
         _import_task_modules()
         task = current_app.tasks.get(name)
-    if task is None or not isinstance(task, PlatformTask):
+    if task is None or not isinstance(task, PlatformTask) or not getattr(task, "adopted", True):
         raise UnknownTask(
             f"No job named {name!r} is registered (was it renamed or removed?); nothing was sent"
         )
@@ -38,4 +38,8 @@ def task_by_name(name: str) -> PlatformTask:
 
 def platform_tasks() -> list[PlatformTask]:
     _import_task_modules()
-    return [task for task in current_app.tasks.values() if isinstance(task, PlatformTask)]
+    return [
+        task
+        for task in current_app.tasks.values()
+        if isinstance(task, PlatformTask) and getattr(task, "adopted", True)  # not opted out
+    ]

@@ -40,7 +40,8 @@ def slim_platform_messages(
 ) -> None:
     if headers is None or properties is None:
         return
-    if isinstance(current_app.tasks.get(sender or ""), PlatformTask):
+    task = current_app.tasks.get(sender or "")
+    if isinstance(task, PlatformTask) and getattr(task, "adopted", True):  # not opted out
         slim_message(headers, properties)
 
 

@@ -86,7 +86,11 @@ if MODE == "settings":
         mode = cursor.fetchone()[0]
         cursor.execute("PRAGMA busy_timeout")
         busy = cursor.fetchone()[0]
-    seen = {"journal_mode": mode, "busy_timeout": busy, "tx": connection.transaction_mode}
+    seen = {
+        "journal_mode": mode,
+        "busy_timeout": busy,
+        "tx": getattr(connection, "transaction_mode", None),
+    }
     print(json.dumps(seen))
 elif MODE == "prepare":
     call_command("migrate", verbosity=0)

@@ -651,7 +651,8 @@ def test_delay_on_commit_returns_none_and_publishes_after_commit(worker, unique)
 
     # when: called inside the caller's transaction
     with transaction.atomic():
-        returned = ct.redis_echo.delay_on_commit("after commit", unique)
+        # (mypy: it returns None by its type; the test asserts Celery's None)
+        returned = ct.redis_echo.delay_on_commit("after commit", unique)  # type: ignore[func-returns-value]
         # then: None, as Celery's; the row is written in this transaction, nothing published yet
         assert returned is None
         row = Job.objects.get(task_name="compat.redis_echo", args=["after commit", unique])
