@@ -55,7 +55,9 @@ def test_anonymous_gets_401(client, owned_job):
     assert client.get(owned_job.status_url).status_code == 401
 
 
-@pytest.mark.parametrize("job_id", [str(uuid.uuid4()), "not-a-uuid"])
+@pytest.mark.parametrize(
+    "job_id", [str(uuid.uuid4()), "not-a-uuid"], ids=["unknown-uuid", "not-a-uuid"]
+)
 def test_unknown_id_is_404_not_pending(client, admin_user, job_id):
     client.force_login(admin_user)
     response = client.get(f"/api/jobs/{job_id}/")
