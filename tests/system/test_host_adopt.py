@@ -103,6 +103,7 @@ from django.db import transaction
 from django.core.management.base import BaseCommand
 
 from hostapp import tasks
+from jobs.models import Job
 
 
 class Command(BaseCommand):
@@ -117,6 +118,8 @@ class Command(BaseCommand):
         }
         with transaction.atomic():
             tasks.on_commit.delay_on_commit(4)
+        rows = Job.objects.filter(task_name="hostapp.tasks.on_commit")
+        ids["on_commit"] = str(rows.get().id)  # one row, written in that transaction
         self.stdout.write(json.dumps(ids))
 """
 
@@ -236,6 +239,7 @@ def test_an_existing_celery_project_is_adopted_by_the_readme_lines(adopted: Host
     synced = outcome("sync", "dead")
     assert synced["attempts"] == synced["max_attempts"] == 3  # autoretry_for, max_retries=2
     outcome("touch", "succeeded")
+    assert outcome("on_commit", "succeeded")["result"] == 40
     outcome("always_fails", "dead")
     # the opted-out task keeps no row
     assert session.get(f"{base}/api/jobs/{ids['plain']}/", timeout=10).status_code == 404
