@@ -39,6 +39,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    manager = getattr(session.config, "pluginmanager", None)  # a test's stand-in has none
+    if manager is not None and manager.has_plugin("dsession"):
+        return  # pytest-xdist's main process: its processes scan their logs (tests/conftest.py)
     since = session.config.stash.get(SESSION_START, _IMPORTED_AT) - MTIME_SLACK
     logs = logs_written_since(LOG_DIR, since)
     secrets_used = remembered_secrets()
@@ -53,7 +56,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    scanned, findings = config.stash.get(LOG_FINDINGS, (0, []))
+    if LOG_FINDINGS not in config.stash:
+        return  # no scan here (pytest-xdist's main process prints its processes' scans)
+    scanned, findings = config.stash[LOG_FINDINGS]
     if findings:
         terminalreporter.section("personal data or secrets in worker logs", red=True)
         for finding in findings:
