@@ -250,8 +250,9 @@ class LeaderDatabaseScheduler(DatabaseScheduler):
                     )
                     return None
                 job_id = str(uuid.uuid4())
+                # fired_at by the clock that found the time due (and late or not), as fire_at
                 ScheduleFire.objects.create(
-                    schedule=name, fire_at=fire_at, job_id=job_id, beat=self.identity
+                    schedule=name, fire_at=fire_at, fired_at=now, job_id=job_id, beat=self.identity
                 )
                 result = self._send(entry, job_id, producer)
         except IntegrityError:
