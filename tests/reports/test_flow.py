@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import date, timedelta
 
+import pytest
 from django.db.models import DecimalField, ExpressionWrapper, F, Sum
 from django.utils import timezone
 
@@ -24,7 +25,13 @@ from tests.reports.conftest import (
     post_report,
 )
 
-TODAY = timezone.localdate()
+
+@pytest.fixture
+def today() -> date:
+    """Today (TIME_ZONE) as the test starts. Not taken at import: a run that passes midnight
+    between collecting this module and running a test would ask for a period ending yesterday
+    while its jobs finish today."""
+    return timezone.localdate()
 
 
 def ledger_rows(
@@ -50,7 +57,8 @@ def ledger_rows(
     return times
 
 
-def test_operations_report_end_to_end(rworker, client, owner, stranger, staff):
+@pytest.mark.clock  # jobs of 10 minutes ago in yesterday-and-today (UTC), the dated file name
+def test_operations_report_end_to_end(rworker, client, owner, stranger, staff, today):
     # given: 37 jobs that succeeded and 3 that gave up, all finished in the period
     times = ledger_rows(37, 3)
     client.force_login(owner)
@@ -59,7 +67,7 @@ def test_operations_report_end_to_end(rworker, client, owner, stranger, staff):
     response = post_report(
         client,
         kind="operations",
-        params={"start": str(TODAY - timedelta(days=1)), "end": str(TODAY), "timezone": "UTC"},
+        params={"start": str(today - timedelta(days=1)), "end": str(today), "timezone": "UTC"},
     )
     assert response.status_code == 202, response.content
     body = response.json()
@@ -77,7 +85,7 @@ def test_operations_report_end_to_end(rworker, client, owner, stranger, staff):
     pdf = client.get(status["download_url"])
     assert pdf.status_code == 200 and pdf["Content-Type"] == "application/pdf"
     assert (
-        f'filename="backlot-operations-{TODAY - timedelta(days=1)}_{TODAY}.pdf"'
+        f'filename="backlot-operations-{today - timedelta(days=1)}_{today}.pdf"'
         in pdf["Content-Disposition"]
     )
     data = downloaded(pdf)
@@ -98,9 +106,10 @@ def test_operations_report_end_to_end(rworker, client, owner, stranger, staff):
     assert staff_copy.status_code == 200 and downloaded(staff_copy) == data
 
 
-def test_sales_report_end_to_end(rworker, client, owner):
+@pytest.mark.clock  # 30 days of demo orders ending today, daily trend buckets
+def test_sales_report_end_to_end(rworker, client, owner, today):
     demo_seed(days=90)
-    params = SalesParams(start=TODAY - timedelta(days=29), end=TODAY)
+    params = SalesParams(start=today - timedelta(days=29), end=today)
     start, end = params.bounds()
     amount = ExpressionWrapper(
         F("quantity") * F("unit_price"), output_field=DecimalField(max_digits=14, decimal_places=2)
@@ -123,11 +132,11 @@ def test_sales_report_end_to_end(rworker, client, owner):
     assert "Top 10 products" in text
 
 
-def test_progress_is_visible_while_rendering(rworker, client, owner):
+def test_progress_is_visible_while_rendering(rworker, client, owner, today):
     demo_seed(days=366)
     client.force_login(owner)
     response = post_report(
-        client, kind="sales", params={"start": str(TODAY - timedelta(days=365)), "end": str(TODAY)}
+        client, kind="sales", params={"start": str(today - timedelta(days=365)), "end": str(today)}
     )
     status_url = response.json()["status_url"]
 
@@ -157,14 +166,14 @@ def test_progress_is_visible_while_rendering(rworker, client, owner):
     assert steps == sorted(steps)  # monotonic
 
 
-def test_report_emailed_on_request_as_a_chain(rworker, mailbox, client, owner):
+def test_report_emailed_on_request_as_a_chain(rworker, mailbox, client, owner, today):
     demo_seed(days=30)
     client.force_login(grant(owner, "email_report_elsewhere"))
 
     response = post_report(
         client,
         kind="sales",
-        params={"start": str(TODAY - timedelta(days=6)), "end": str(TODAY)},
+        params={"start": str(today - timedelta(days=6)), "end": str(today)},
         email_to=["jane.doe@example.com"],
     )
     report = final_report(response.json()["report_id"])
@@ -190,7 +199,7 @@ def wait_for_mail(mailbox, count: int, timeout: float = 60):
     )
 
 
-def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner):
+def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner, today):
     # stored parameters that no longer validate: a Permanent error, no retry
     report = Report.objects.create(kind="operations", owner=owner, params={"start": "not a date"})
     from reports.tasks import report_render_job
@@ -208,7 +217,7 @@ def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner):
 
     # an operator fixes the data and replays the dead letter: the same report renders
     Report.objects.filter(pk=report.pk).update(
-        params={"start": str(TODAY), "end": str(TODAY), "timezone": "UTC"}
+        params={"start": str(today), "end": str(today), "timezone": "UTC"}
     )
     replay = dead_letter_replay(dead_letter=DeadLetter.objects.get(job_id_value=handle.id))
     report = wait_until(
@@ -226,7 +235,8 @@ def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner):
 # --- pages ---------------------------------------------------------------------------------
 
 
-def test_pages_request_follow_and_download(rworker, client, owner, stranger):
+@pytest.mark.clock  # the page form's dates, checked against today
+def test_pages_request_follow_and_download(rworker, client, owner, stranger, today):
     demo_seed(days=30)
     client.force_login(owner)
 
@@ -234,7 +244,7 @@ def test_pages_request_follow_and_download(rworker, client, owner, stranger):
     assert page.status_code == 200 and b'name="kind"' in page.content
 
     response = client.post(
-        "/reports/", {"kind": "sales", "start": str(TODAY - timedelta(days=6)), "end": str(TODAY)}
+        "/reports/", {"kind": "sales", "start": str(today - timedelta(days=6)), "end": str(today)}
     )
     report = Report.objects.get(owner=owner)
     assert response.status_code == 302 and response["Location"] == f"/reports/{report.pk}/"

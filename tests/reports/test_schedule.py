@@ -205,6 +205,7 @@ def test_crontab_edited_in_admin_takes_effect_without_restart(admin_client, monk
     ) == datetime(2025, 7, 2, 14, 0, tzinfo=UTC)
 
 
+@pytest.mark.clock  # yesterday in New York, and its weekday as the PDF prints it
 def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
     # given: a finished job yesterday (New York) for the report to count
     yesterday = timezone.now().astimezone(NEW_YORK).date() - timedelta(days=1)
@@ -260,6 +261,7 @@ def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
     assert report.emailed_at is not None
 
 
+@pytest.mark.clock  # the 7 days before today in New York
 def test_a_redelivered_scheduled_run_makes_no_second_report(rworker):
     from reports import services
     from reports.tasks import report_email_job, report_render_job

@@ -124,6 +124,7 @@ def test_database_and_python_percentiles_agree():
 # --- operations figures -----------------------------------------------------------------------
 
 
+@pytest.mark.clock  # the UTC day of 5 minutes ago, in hourly trend buckets
 def test_operations_figures_count_outcomes_retries_and_run_times():
     # given: 18 jobs in the period, 2 outside it, and dead letters
     finished = timezone.now() - timedelta(minutes=5)
@@ -244,6 +245,7 @@ def test_operations_period_follows_its_time_zone():
 # --- sales figures -------------------------------------------------------------------------------
 
 
+@pytest.mark.clock  # demo orders by date (weekends, season), the last 14 days and the 14 before
 def test_sales_figures_match_the_order_lines():
     demo_seed(days=60)
     today = timezone.localdate()
@@ -281,6 +283,7 @@ def test_sales_figures_match_the_order_lines():
 # --- demo data ------------------------------------------------------------------------------------
 
 
+@pytest.mark.clock  # a year of demo orders ending today
 def test_seed_demo_is_deterministic_idempotent_and_fast():
     first = demo_seed()
     numbers = list(
@@ -318,6 +321,7 @@ def test_seed_demo_command_reports_what_it_did(capsys):
 # --- rendering -----------------------------------------------------------------------------
 
 
+@pytest.mark.clock  # the last 7 days, and the file under the year and month
 def test_render_writes_the_pdf_under_media_root_with_a_generated_name(media_cleanup, admin_user):
     demo_seed(days=40)
     today = timezone.localdate()
@@ -419,6 +423,7 @@ def test_hourly_buckets_follow_the_clock_change(day, hours):
     assert len(instants) == hours
 
 
+@pytest.mark.clock  # periods ending yesterday in New York, bucketed by hour, day, week, month
 @pytest.mark.parametrize("days", [1, 20, 90, 300])
 def test_trend_counts_every_job_at_each_granularity(days):
     zone = ZoneInfo("America/New_York")

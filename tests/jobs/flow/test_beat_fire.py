@@ -344,6 +344,7 @@ def test_two_beats_fire_a_dst_hour_cron_once_even_after_a_clock_step(
     assert [str(job.id) for job in jobs_of(unique)] == [str(fire.job_id)]
 
 
+@pytest.mark.clock  # its June 2026 times are fixed; the real date must not leak in
 @pytest.mark.django_db(transaction=True)
 def test_a_missed_fire_time_is_caught_up_once(clean_redis, unique, beat_at):
     # given: a 09:00 Berlin daily and an hourly report, last run yesterday and at 08:00; no beat
@@ -378,6 +379,7 @@ def test_a_missed_fire_time_is_caught_up_once(clean_redis, unique, beat_at):
     assert caught_up.fired_at - caught_up.fire_at > timedelta(hours=2)  # fired late, once
 
 
+@pytest.mark.clock  # as above
 @pytest.mark.django_db(transaction=True)
 def test_a_missed_fire_time_is_skipped_under_skip(clean_redis, unique, beat_at):
     today = datetime(2026, 6, 10, tzinfo=BERLIN)
