@@ -88,8 +88,11 @@ def backlot_priority(priority: int) -> int:
 class CeleryBackend(BaseTaskBackend):
     """Runs Tasks API tasks as Backlot jobs on the Celery workers (see the module docstring).
 
-    QUEUES defaults to every queue Backlot declares (BACKLOT["QUEUES"]); naming one that
-    Backlot does not declare fails `manage.py check`.
+    QUEUES defaults to every queue Backlot declares (BACKLOT["QUEUES"]); ``QUEUES: []`` is
+    Django's "any queue" (of those Backlot declares: no worker consumes another); naming one
+    that Backlot does not declare fails `manage.py check`. A queue refused at enqueue is
+    Django's InvalidTask with Django's message ("Queue '...' is not valid for backend."), then
+    which queues are.
     """
 
     supports_defer = True  # run_after: a countdown in Redis, or a scheduled ledger row
@@ -99,15 +102,17 @@ class CeleryBackend(BaseTaskBackend):
 
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
-        self.queues = set(params.get("QUEUES") or backlot_settings().QUEUES)
+        given = params.get("QUEUES")
+        # Django's "any queue": empty (BaseTaskBackend checks none); absent: Backlot's queues.
+        self.queues = set(backlot_settings().QUEUES if given is None else given)
 
     def validate_task(self, task: Task) -> None:
         declared = backlot_settings().QUEUES
-        if task.queue_name not in self.queues or task.queue_name not in declared:
-            allowed = sorted(self.queues & set(declared))
+        accepted = (self.queues or set(declared)) & set(declared)
+        if task.queue_name not in accepted:
             raise InvalidTask(
-                f"Queue {task.queue_name!r} of task {task.module_path} is not a queue Backlot's "
-                f"workers consume; use one of: {', '.join(allowed)} "
+                f"Queue '{task.queue_name}' is not valid for backend. Task {task.module_path}: "
+                f"Backlot's workers consume {', '.join(sorted(accepted))} "
                 f"(BACKLOT['QUEUES'], TASKS[{self.alias!r}]['QUEUES'])."
             )
         super().validate_task(task)
@@ -178,9 +183,13 @@ class CeleryBackend(BaseTaskBackend):
 
 
 def _json_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    """The arguments as plain JSON values, or InvalidPayload naming the first value that isn't."""
-    with contextlib.suppress(TypeError, ValueError):  # payload_check names the offending value
+    """The arguments as plain JSON values: TypeError, as Django's backends raise, naming the
+    first value that isn't; InvalidPayload for arguments past BACKLOT['MAX_PAYLOAD_BYTES']."""
+    try:
         args, kwargs = normalize_json(args), normalize_json(kwargs)
+    except (TypeError, ValueError) as exc:
+        problem = json_problem(list(args), "args") or json_problem(dict(kwargs), "kwargs")
+        raise TypeError(f"{task.module_path}: {problem or exc}") from exc
     payload_check(
         task_name=task.module_path,
         args=list(args),
@@ -288,7 +297,9 @@ def _announce_failure(exc: BaseException, args: tuple, kwargs: dict) -> None:
     task_finished.send(type(task.get_backend()), task_result=_task_result(row, task))
 
 
-@job(name=RUNNER_NAME, bind=True, on_dead=_announce_failure)
+# exit_is_failure: a task's SystemExit or KeyboardInterrupt is its failure, recorded once
+# (jobs.worker.execution), not the end of the pool process and a redelivery.
+@job(name=RUNNER_NAME, bind=True, on_dead=_announce_failure, exit_is_failure=True)
 def standard_task(
     self: PlatformTask,
     path: str,
@@ -330,9 +341,11 @@ def standard_task(
 
 
 def _json_return_value(path: str, value: Any) -> Any:
+    """The return value as JSON, or TypeError as Django records it (the policy retries no
+    TypeError: one run, FAILED with builtins.TypeError)."""
     with contextlib.suppress(TypeError, ValueError):  # json_problem names the offending value
         value = normalize_json(value)
     problem = json_problem(value, "the return value")
     if problem:
-        raise Permanent(f"Task {path} returned a value that cannot be stored: {problem}")
+        raise TypeError(f"Task {path} returned a value that cannot be stored: {problem}")
     return value

@@ -154,6 +154,22 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             run_seconds=time.monotonic() - started,
         )
         raise  # gave up: Celery records the failure and acknowledges after the dead letter
+    except (SystemExit, KeyboardInterrupt) as exc:
+        if not getattr(task, "exit_is_failure", False):
+            raise  # Celery's way: the pool process ends, the delivery is a lost worker's
+        # A task of Django's Tasks API (jobs.flow.backends): as Django's backends do, one run,
+        # FAILED with the exception's own class and traceback; the pool process lives on.
+        request.backlot_give_up = True
+        attempt_failed(
+            task,
+            exc,
+            args=args,
+            kwargs=kwargs,
+            attempt=attempt,
+            failures=failures,
+            run_seconds=time.monotonic() - started,
+        )
+        raise Ignore() from None  # recorded; Celery acknowledges the message
     finally:
         throttle = getattr(request, "_backlot_progress", None)
         if throttle is not None:

@@ -85,3 +85,16 @@ def needs_flag(key: str) -> str:
     if not redis_client().exists(f"test:flag:{key}"):
         raise ValueError(f"flag {key} is not set")
     return "replayed"
+
+
+@task()
+def exits(key: str) -> None:
+    """Raises SystemExit, as a task calling sys.exit() does; counts its runs."""
+    mark(key, "run")
+    raise SystemExit(3)
+
+
+@task()
+def interrupted(key: str) -> None:
+    mark(key, "run")
+    raise KeyboardInterrupt("stop")

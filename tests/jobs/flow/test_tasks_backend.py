@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from jobs import dead_letter_replay
 from jobs.core.exceptions import InvalidPayload
-from jobs.core.policies import DEFAULT_POLICY, Permanent
+from jobs.core.policies import DEFAULT_POLICY
 from jobs.flow.backends import RUNNER_NAME, CeleryBackend, backlot_priority
 from jobs.models import DeadLetter, DeadLetterStatus, Job, JobState
 from tests.conftest import ROOT, marks, set_flag, wait_until
@@ -105,26 +105,45 @@ def test_a_queue_backlot_does_not_declare_fails_the_system_check():
 
 
 def test_declaring_a_task_on_an_unknown_queue_is_refused():
-    with pytest.raises(InvalidTask, match=r"Queue 'bulk' of task .*orphan is not a queue"):
+    with pytest.raises(
+        InvalidTask, match=r"^Queue 'bulk' is not valid for backend\. Task .*orphan"
+    ):
         task(queue_name="bulk")(orphan)
 
 
 def test_unknown_queue_is_a_clear_error_and_writes_nothing(db):
     with pytest.raises(
         InvalidTask,
-        match=r"Queue 'bulk' .* not a queue Backlot's workers consume; "
-        r"use one of: default, emails, media, reports",
+        match=r"^Queue 'bulk' is not valid for backend\. .*Backlot's workers consume "
+        r"default, emails, media, reports",
     ):
         std_tasks.add.using(queue_name="bulk").enqueue(1, 2)
 
     assert not Job.objects.exists()
 
 
-def test_arguments_that_are_not_json_are_refused_by_name(db):
-    with pytest.raises(InvalidPayload, match=r"std_tasks.add: args\[0\] is a datetime.datetime"):
+def test_arguments_that_are_not_json_are_a_type_error_naming_them(db):
+    # Django's backends raise TypeError (normalize_json); the message names the value
+    with pytest.raises(TypeError, match=r"std_tasks.add: args\[0\] is a datetime.datetime"):
         std_tasks.add.enqueue(datetime.now(), 1)  # type: ignore[arg-type]
 
     assert not Job.objects.exists()
+
+
+def test_oversized_arguments_are_still_refused_as_invalid_payload(db):
+    with pytest.raises(InvalidPayload):
+        std_tasks.record.enqueue("x" * (settings.BACKLOT.get("MAX_PAYLOAD_BYTES", 65536) + 1))
+
+    assert not Job.objects.exists()
+
+
+def test_queues_empty_is_djangos_any_queue_of_those_backlot_declares(db):
+    backend = CeleryBackend("any", {"QUEUES": []})
+
+    backend.validate_task(std_tasks.on_reports)  # any declared queue: no error
+    with pytest.raises(InvalidTask, match=r"^Queue 'bulk' is not valid for backend\."):
+        backend.validate_task(std_tasks.add.using(queue_name="bulk"))
+    assert list(backend.check()) == []
 
 
 def test_get_result_of_an_unknown_id_does_not_exist(db):
@@ -238,8 +257,8 @@ def test_a_return_value_that_is_not_json_fails_clearly(worker):
     result = settled(std_tasks.returns_a_set.enqueue())
 
     assert result.status == TaskResultStatus.FAILED
-    [error] = result.errors
-    assert error.exception_class is Permanent
+    [error] = result.errors  # one run, as Django's backends record it
+    assert error.exception_class is TypeError
     assert "the return value is a builtins.set, which is not JSON-serializable" in error.traceback
 
 
@@ -399,3 +418,38 @@ def test_a_cancelled_standard_task_is_failed_with_the_cancellation_in_its_errors
     assert fetched.status == TaskResultStatus.FAILED
     assert fetched.errors[-1].exception_class_path == "jobs.core.exceptions.JobCancelled"
     assert "was cancelled" in fetched.errors[-1].traceback
+
+
+@pytest.mark.parametrize(
+    ("name", "exception"), [("exits", SystemExit), ("interrupted", KeyboardInterrupt)]
+)
+def test_systemexit_and_keyboardinterrupt_fail_the_task_once(worker, unique, name, exception):
+    pools = sorted(worker.pool_pids())
+
+    result = settled(getattr(std_tasks, name).enqueue(unique))
+
+    # then: FAILED after one run, with that class and its traceback, as Django records it
+    assert result.status == TaskResultStatus.FAILED
+    [error] = result.errors
+    assert error.exception_class is exception
+    assert exception.__name__ in error.traceback and "Traceback" in error.traceback
+    assert [value for _, value in marks(unique)] == ["run"]
+    assert Job.objects.get(id=result.id).attempts == 1
+    # and the pool process lived on (no WorkerLostError, no replacement)
+    assert sorted(worker.pool_pids()) == pools
+
+
+def test_refresh_from_async_code_raises_djangos_error_and_arefresh_works(worker):
+    from asgiref.sync import async_to_sync as run_async
+    from django.core.exceptions import SynchronousOnlyOperation
+
+    result = settled(std_tasks.add.enqueue(2, 3))
+
+    async def read() -> Any:
+        with pytest.raises(SynchronousOnlyOperation):
+            result.refresh()  # Django's documented error for sync ORM use in async code
+        await result.arefresh()
+        fetched = await default_task_backend.aget_result(result.id)
+        return result.status, fetched.return_value
+
+    assert run_async(read)() == (TaskResultStatus.SUCCESSFUL, 5)
