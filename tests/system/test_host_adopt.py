@@ -124,8 +124,27 @@ class Command(BaseCommand):
 """
 
 
-@pytest.fixture(scope="module")
-def adopted(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Host]:  # noqa: F811
+WRITER = """\
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], timeout=30, isolation_level=None)
+db.execute("CREATE TABLE IF NOT EXISTS other_writes (at REAL)")
+print("writing", flush=True)
+while True:  # another process taking SQLite's one write lock every few ms
+    db.execute("BEGIN IMMEDIATE")
+    db.execute("INSERT INTO other_writes VALUES (?)", (time.time(),))
+    time.sleep(0.003)
+    db.execute("COMMIT")
+    time.sleep(0.002)
+"""
+
+
+@pytest.fixture(scope="module", params=["postgresql", "sqlite"])
+def adopted(
+    request: pytest.FixtureRequest,
+    workdir: Path,  # noqa: F811
+    venv: Path,  # noqa: F811
+    clean_env: dict[str, str],  # noqa: F811
+) -> Iterator[Host]:
     bin_dir = venv / "bin"
     env = {
         **clean_env,
@@ -133,7 +152,7 @@ def adopted(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Ho
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    site = workdir / "adopt-site"
+    site = workdir / f"adopt-site-{request.param}"
     site.mkdir()
     run([str(bin_dir / "django-admin"), "startproject", "host", str(site)], cwd=workdir, env=env)
     box = Host(site=site, env=env, python=str(bin_dir / "python"), bin=bin_dir)
@@ -153,21 +172,26 @@ def adopted(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Ho
         target.write_text((target.read_text() + "\n" + code) if append else code)
     db = {**host_database(), "NAME": f"{host_database()['NAME']}_adopt"}
     redis_url = host_redis_url()
+    # sqlite: startproject's own DATABASES, as generated (no OPTIONS)
+    databases = f"DATABASES = {{'default': {db!r}}}\n" if request.param == "postgresql" else ""
     settings_file.write_text(
         settings_file.read_text()
         + "\n# The test environment.\n"
         + 'INSTALLED_APPS += ["hostapp"]\n'
-        + f"DATABASES = {{'default': {db!r}}}\n"
+        + databases
         + f'BACKLOT = {{**BACKLOT, "REDIS_URL": {redis_url!r}}}\n'
     )
-    recreate_database(db)
+    (site / "other_writer.py").write_text(WRITER)
+    if request.param == "postgresql":
+        recreate_database(db)
     redis.Redis.from_url(redis_url).flushdb()
     try:
         yield box
     finally:
         box.stop()
         redis.Redis.from_url(redis_url).flushdb()
-        recreate_database(db, drop_only=True)
+        if request.param == "postgresql":
+            recreate_database(db, drop_only=True)
 
 
 def test_an_existing_celery_project_is_adopted_by_the_readme_lines(adopted: Host) -> None:
@@ -244,7 +268,18 @@ def test_an_existing_celery_project_is_adopted_by_the_readme_lines(adopted: Host
     # the opted-out task keeps no row
     assert session.get(f"{base}/api/jobs/{ids['plain']}/", timeout=10).status_code == 404
 
-    # when: the cause is fixed and the admin replays the dead letter
+    # when: the cause is fixed and the admin replays the dead letter (on SQLite while another
+    # process writes every few ms)
+    if (adopted.site / "db.sqlite3").exists():
+        writer = adopted.start(
+            "writer", [adopted.python, "other_writer.py", str(adopted.site / "db.sqlite3")]
+        )
+        wait_until(
+            lambda: "writing" in (adopted.site / "writer.log").read_text(),
+            timeout=30,
+            what="the other writer",
+        )
+        assert writer.poll() is None
     (adopted.site / "fixed").write_text("yes\n")
     listing = session.get(f"{base}/admin/jobs/deadletter/?q={ids['always_fails']}", timeout=10)
     pk = re.search(r'name="_selected_action" value="(\d+)"', listing.text)
