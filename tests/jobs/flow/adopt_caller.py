@@ -12,6 +12,7 @@ import django
 
 django.setup()
 
+from celery import chain, group  # noqa: E402
 from django.db import transaction  # noqa: E402 (after django.setup())
 
 from config.celery import app  # noqa: E402
@@ -29,5 +30,8 @@ ids = {
     "ignored": t.ignored.delay(key).id,
     "always_fails": t.always_fails.delay(key).id,
     "opted_out": t.opted_out.delay(key).id,
+    # canvas: each member is an adopted task's apply_async
+    "chain": chain(t.add.s(1, 2), t.add.s(10)).apply_async().id,
+    "group": [r.id for r in group(t.add.s(i, i) for i in range(3)).apply_async().results],
 }
 print(json.dumps(ids))

@@ -67,7 +67,7 @@ def test_plain_celery_tasks_are_platform_tasks_in_adopt_mode(
     rows = {
         name: wait_until(functools.partial(finished, job_id), timeout=TIMEOUT, what=name)
         for name, job_id in ids.items()
-        if name != "opted_out"
+        if name not in ("opted_out", "group")
     }
     assert rows["add"].state == JobState.SUCCEEDED and rows["add"].result == 5
     assert rows["retrying"].state == JobState.SUCCEEDED
@@ -76,6 +76,10 @@ def test_plain_celery_tasks_are_platform_tasks_in_adopt_mode(
     auto = rows["auto_retrying"]
     assert auto.state == JobState.DEAD and auto.attempts == auto.max_attempts == 2
     assert rows["ignored"].state == JobState.SUCCEEDED
+    # a chain's last step and a group's members: rows of their own, results as Celery's
+    assert rows["chain"].state == JobState.SUCCEEDED and rows["chain"].result == 13
+    members = [wait_until(functools.partial(finished, i), timeout=TIMEOUT) for i in ids["group"]]
+    assert [(m.state, m.result) for m in members] == [(JobState.SUCCEEDED, 2 * i) for i in range(3)]
     # an exception Celery does not retry: dead at once, a dead letter
     failed = rows["always_fails"]
     assert failed.state == JobState.DEAD and failed.attempts == 1
