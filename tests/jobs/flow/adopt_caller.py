@@ -13,12 +13,15 @@ import django
 django.setup()
 
 from celery import chain, group  # noqa: E402
+from celery.result import GroupResult  # noqa: E402
 from django.db import transaction  # noqa: E402 (after django.setup())
 
 from config.celery import app  # noqa: E402
 from tests.support import adopt_tasks as t  # noqa: E402
 
 key = sys.argv[1]
+members = group(t.add.s(i, i) for i in range(3)).apply_async()
+assert isinstance(members, GroupResult)  # (celery-types types apply_async as AsyncResult)
 app.loader.import_default_modules()
 with transaction.atomic():
     # celery-types does not declare DjangoTask's delay_on_commit (Celery's Django task class)
@@ -32,6 +35,6 @@ ids = {
     "opted_out": t.opted_out.delay(key).id,
     # canvas: each member is an adopted task's apply_async
     "chain": chain(t.add.s(1, 2), t.add.s(10)).apply_async().id,
-    "group": [r.id for r in group(t.add.s(i, i) for i in range(3)).apply_async().results],
+    "group": [r.id for r in members.results],
 }
 print(json.dumps(ids))
