@@ -10,6 +10,9 @@ refused before its password or token is checked: 429 with Retry-After. The bucke
 - ``token:address:<ip>``: unknown bearer tokens, ``TOKEN_FAILURES_PER_ADDRESS`` (a token that
   is guessed names no account).
 
+Redis unreachable: the throttle lets attempts through (logged), as enqueue goes on without
+Redis; sign-in and the API keep working while it is away.
+
 Account names are kept as a hash (no personal data in Redis keys or metrics). An operator lifts a
 lockout with ``manage.py jobs_signin_unlock --account NAME | --address IP``. What was refused and
 failed is counted for /metrics (``backlot_signin_failures``, ``backlot_signin_refused``).
@@ -18,14 +21,18 @@ failed is counted for /metrics (``backlot_signin_failures``, ``backlot_signin_re
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from dataclasses import dataclass
 
 from django.http import HttpRequest
+from redis.exceptions import RedisError
 
 from jobs.broker.ratelimit import RateLimiter
 from jobs.broker.redis import redis_client, redis_text
 from jobs.core.conf import backlot_settings
+
+logger = logging.getLogger(__name__)
 
 COUNTS = "backlot:signin:counts"
 PREFIX = "backlot:rate:"
@@ -84,28 +91,38 @@ def locked_out(surface: str, *, address: str, account: str | None = None) -> Loc
     """The lockout this attempt meets, the longest of its buckets'; None if it may go on.
 
     A refusal is counted (``refused``, by surface and bucket)."""
-    limiter = RateLimiter(prefix=PREFIX)
     found: Lockout | None = None
-    for by, name, rate in _buckets(surface, address, account):
-        wait = limiter.wait_for(name, rate, burst=_rate_count(rate))
-        if wait > 0 and (found is None or wait > found.wait):
-            found = Lockout(by=by, wait=wait)
-    if found is not None:
-        redis_client().hincrby(COUNTS, f"refused\t{surface}\t{found.by}", 1)
+    try:
+        limiter = RateLimiter(prefix=PREFIX)
+        for by, name, rate in _buckets(surface, address, account):
+            wait = limiter.wait_for(name, rate, burst=_rate_count(rate))
+            if wait > 0 and (found is None or wait > found.wait):
+                found = Lockout(by=by, wait=wait)
+        if found is not None:
+            redis_client().hincrby(COUNTS, f"refused\t{surface}\t{found.by}", 1)
+    except (RedisError, OSError) as exc:
+        logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
+        return None
     return found
 
 
 def failed(surface: str, *, address: str, account: str | None = None) -> None:
     """A failed sign-in or unknown token: one token from each of its buckets, counted."""
-    limiter = RateLimiter(prefix=PREFIX)
-    for _, name, rate in _buckets(surface, address, account):
-        limiter.acquire(name, rate, burst=_rate_count(rate), max_reserve=0)
-    redis_client().hincrby(COUNTS, f"failed\t{surface}", 1)
+    try:
+        limiter = RateLimiter(prefix=PREFIX)
+        for _, name, rate in _buckets(surface, address, account):
+            limiter.acquire(name, rate, burst=_rate_count(rate), max_reserve=0)
+        redis_client().hincrby(COUNTS, f"failed\t{surface}", 1)
+    except (RedisError, OSError) as exc:
+        logger.warning("Sign-in throttle unavailable, failure not counted: %s", exc)
 
 
 def succeeded(*, account: str) -> None:
     """A sign-in that passed: the account's failures are forgotten (its address's are not)."""
-    RateLimiter(prefix=PREFIX).reset(f"signin:account:{account_key(account)}")
+    try:
+        RateLimiter(prefix=PREFIX).reset(f"signin:account:{account_key(account)}")
+    except (RedisError, OSError) as exc:
+        logger.warning("Sign-in throttle unavailable, failures not reset: %s", exc)
 
 
 def lift(*, account: str | None = None, address: str | None = None) -> int:
