@@ -106,7 +106,6 @@ def test_operations_report_end_to_end(rworker, client, owner, stranger, staff, t
     assert staff_copy.status_code == 200 and downloaded(staff_copy) == data
 
 
-@pytest.mark.clock  # 30 days of demo orders ending today, daily trend buckets
 def test_sales_report_end_to_end(rworker, client, owner, today):
     demo_seed(days=90)
     params = SalesParams(start=today - timedelta(days=29), end=today)
@@ -235,7 +234,6 @@ def test_render_that_gives_up_marks_the_report_failed(rworker, client, owner, to
 # --- pages ---------------------------------------------------------------------------------
 
 
-@pytest.mark.clock  # the page form's dates, checked against today
 def test_pages_request_follow_and_download(rworker, client, owner, stranger, today):
     demo_seed(days=30)
     client.force_login(owner)

@@ -321,7 +321,6 @@ def test_seed_demo_command_reports_what_it_did(capsys):
 # --- rendering -----------------------------------------------------------------------------
 
 
-@pytest.mark.clock  # the last 7 days, and the file under the year and month
 def test_render_writes_the_pdf_under_media_root_with_a_generated_name(media_cleanup, admin_user):
     demo_seed(days=40)
     today = timezone.localdate()
