@@ -6,6 +6,7 @@
 # Then, on the same services, the Tasks-backend tests and the platform smoke test run again on
 # Django 6 from .venv-django6 (scripts/venv-django6.sh); a failure there fails the run too. It
 # runs when pytest got no arguments (CI's `make test`); BACKLOT_DJANGO6=1 or 0 forces it on/off.
+# Before it, the clock sweep (scripts/clock-sweep.sh), on the same condition.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh
@@ -87,6 +88,25 @@ if [[ $processes -gt 1 ]]; then xdist=(-n "$processes" --dist loadgroup); fi
 log "pytest ${xdist[*]} --durations=20 ${args[*]}"
 rc=0
 .venv/bin/pytest "${xdist[@]}" --durations=20 "${args[@]}" || rc=$?
+
+# The clock sweep: the `clock` tests (whose outcome depends on the date, the weekday, the time of
+# day or DST) under nine fixed clocks, each weekday and New York's two DST days
+# (scripts/clock-sweep.sh; about 2.5 min on 2 cores). Like the Django 6 run, only when pytest got
+# no arguments (CI's make test); BACKLOT_CLOCK_SWEEP=1 or 0 forces it on/off.
+clock_sweep=${BACKLOT_CLOCK_SWEEP:-auto}
+if [[ $clock_sweep == auto ]]; then
+    if [[ ${#args[@]} -eq 0 ]]; then clock_sweep=1; else clock_sweep=0; fi
+fi
+if [[ $clock_sweep == 1 ]]; then
+    clock_rc=0
+    bash scripts/clock-sweep.sh || clock_rc=$?
+    if [[ $clock_rc -ne 0 ]]; then
+        log "the clock sweep failed (exit $clock_rc; see above)"
+        if [[ $rc -eq 0 ]]; then rc=1; fi
+    fi
+else
+    log "clock sweep left out (pytest got arguments, or BACKLOT_CLOCK_SWEEP=0)"
+fi
 
 # Django 6 (built-in django.tasks): the suite stays on 5.2; these two files prove the Tasks
 # backend and enqueue → worker → dead letter → replay on 6 (workers start from the same venv:
