@@ -178,3 +178,52 @@ def test_celerys_own_and_backlots_tasks_are_not_adopted(worker_env):
         "add": (True, True, "reports", 4),
         "opted_out": (False, False),
     }
+
+
+@pytest.mark.parametrize(
+    ("max_retries", "backoff_max", "attempts", "max_delay"),
+    [(3, None, 4, 600.0), (None, None, 4, 600.0), (0, None, 1, 600.0), (5, 3600, 6, 3600.0)],
+)
+def test_celerys_retry_options_map_onto_the_policy(max_retries, backoff_max, attempts, max_delay):
+    from jobs.flow.adopt import adopted_policy
+
+    policy = adopted_policy(max_retries, backoff_max)
+
+    # Celery's max_retries (None: Celery's "no limit", kept at Celery's default 3) + 1 runs
+    assert policy.max_attempts == attempts
+    assert policy.max_delay == max_delay  # retry_backoff_max, when longer than the policy's
+    assert policy.retry_on == ()  # as in Celery, only self.retry()/autoretry_for retry
+
+
+def test_a_beat_schedule_of_a_plain_task_runs_it_on_the_ledger(adopt_worker, worker_env, unique):
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from tests.system.test_beat import start_beat
+
+    # given: a schedule of a plain Celery task, as a project's beat schedule has it
+    every_second = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.create(
+        name=f"adopted tick {unique}",
+        task="tests.support.adopt_tasks.add",
+        interval=every_second,
+        args=json.dumps([20, 22]),
+        kwargs=json.dumps({"key": unique}),
+        queue="reports",
+    )
+    beat = start_beat(f"adopt-{unique}", {**worker_env, **ADOPT})
+    try:
+        # then: its runs are jobs on the ledger, succeeded with the task's result
+        ran = wait_until(
+            lambda: Job.objects.filter(
+                task_name="tests.support.adopt_tasks.add",
+                kwargs__key=unique,
+                state=JobState.SUCCEEDED,
+            ).first(),
+            timeout=TIMEOUT,
+            what="a beat-sent run on the ledger",
+        )
+    finally:
+        beat.terminate()
+        beat.wait(timeout=20)
+    assert ran.result == 42 and ran.attempts == 1
+    assert "add" in marks(unique)
