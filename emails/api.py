@@ -192,6 +192,23 @@ def campaign_start(request: AuthenticatedRequest, campaign_id: int) -> Status:
     return Status(202, _campaign_out(campaign))
 
 
+@router.post(
+    "/campaigns/{campaign_id}/cancel",
+    response={202: CampaignOut, 409: ErrorOut},
+    url_name="campaign_cancel",
+)
+def campaign_cancel(request: AuthenticatedRequest, campaign_id: int) -> Status:
+    """Stop a sending campaign, as its page's Cancel button does: no more messages are fanned
+    out or sent, those sent stay sent; 202 with the campaign. 409 when it is not sending."""
+    campaign = get_object_or_404(Campaign.objects.visible_to(request.auth), pk=campaign_id)
+    try:
+        services.campaign_cancel(campaign=campaign, by=request.auth)
+    except services.EmailError as exc:
+        raise HttpError(409, str(exc)) from None
+    campaign.refresh_from_db()
+    return Status(202, _campaign_out(campaign))
+
+
 class ImportAccepted(Accepted):
     import_id: int
 

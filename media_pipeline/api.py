@@ -185,3 +185,25 @@ def video_detail(request: AuthenticatedRequest, video_id: str) -> dict[str, Any]
     if video is None:
         raise HttpError(404, "No such video")
     return video_status(video)
+
+
+@router.post(
+    "/{video_id}/cancel",
+    response={202: VideoOut, 404: VideoErrorOut, 409: VideoErrorOut},
+    url_name="video_cancel",
+)
+def video_cancel(request: AuthenticatedRequest, video_id: str) -> Status[dict[str, Any]]:
+    """Cancel a video's processing, as its page's Cancel button does: the jobs still waiting
+    or running stop (ffmpeg within seconds, partial files removed), formats written before
+    stay; 202 with the video. 409 once everything has finished; others' videos are 404."""
+    try:
+        key = uuid.UUID(video_id)
+    except ValueError:
+        raise HttpError(404, "No such video") from None
+    video = Video.objects.visible_to(request.auth).filter(id=key).first()
+    if video is None:
+        raise HttpError(404, "No such video")
+    if not services.video_cancel(video=video, by=request.auth):
+        return Status(409, {"detail": f"Video {video.id} already finished: it is {video.status}"})
+    video.refresh_from_db()
+    return Status(202, video_status(video))

@@ -14,6 +14,7 @@ from ninja import Router, Status
 from ninja.errors import HttpError
 
 from config.api_types import AuthenticatedRequest
+from jobs import AlreadyFinished
 from web.api_input import json_body
 
 from . import services
@@ -130,3 +131,22 @@ def report_download(request: AuthenticatedRequest, report_id: int) -> Any:
         filename=report.download_filename(),
         content_type="application/pdf",
     )
+
+
+@router.post(
+    "/{int:report_id}/cancel",
+    response={202: ReportOut, 404: ReportErrorOut, 409: ReportErrorOut},
+    url_name="report_cancel",
+)
+def report_cancel(request: AuthenticatedRequest, report_id: int) -> Any:
+    """Cancel a queued or rendering report, as its page's Cancel button does (a rendering one
+    stops at its next step); 202 with the report. 409 once it has settled."""
+    report = _visible_report(request, report_id)
+    try:
+        services.report_cancel(report=report, by=request.auth)
+    except AlreadyFinished:
+        return Status(
+            409, {"detail": f"Report {report.pk} already finished: it is {report.status}"}
+        )
+    report.refresh_from_db()
+    return Status(202, services.report_status(report=report))

@@ -78,6 +78,9 @@ ACTIVE_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RUNNING, JobState
 WAITING_STATES = (JobState.QUEUED, JobState.SCHEDULED, JobState.RETRYING)
 CLAIMABLE_STATES = WAITING_STATES
 FINISHED_STATES = (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+# Not a ledger state: what the status API shows for a succeeded job whose children have not
+# all ended (BullMQ's name; jobs.models.Job.shown_state).
+WAITING_CHILDREN = "waiting_children"
 
 
 @dataclass(frozen=True)

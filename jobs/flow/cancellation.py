@@ -57,13 +57,18 @@ class Cancellation:
 
 def cancel(job_id: Any, *, by: Any = None) -> Cancellation:
     """Cancel a job and every job it fanned out; raises Job.DoesNotExist for an unknown id and
-    AlreadyFinished (with the current state) when it has ended."""
+    AlreadyFinished (with the current state) when its work has ended.
+
+    A job that succeeded after fanning out is waiting on its children (the status API says
+    `waiting_children`) until they end: cancelling it cancels what has not finished of the
+    work under it, marks it (its status then reads cancelled) and runs its on_cancelled hook.
+    """
     with transaction.atomic():
         job = Job.objects.select_for_update().filter(id=job_id).first()
         if job is None:
             raise Job.DoesNotExist(f"No job {job_id}")
         if job.state in FINISHED_STATES:
-            raise AlreadyFinished(str(job.id), job.state)
+            return _cancel_children(job, by=by)
         waiting, running = _with_descendants(job)
         # Under the row lock of the root: two cancels of one tree do not both act on it.
         ledger.cancel_waiting([j.id for j in waiting])
@@ -76,6 +81,54 @@ def cancel(job_id: Any, *, by: Any = None) -> Cancellation:
         cancelled=[str(j.id) for j in waiting],
         requested=[str(j.id) for j in running],
     )
+
+
+def _cancel_children(job: Job, *, by: Any) -> Cancellation:
+    """cancel() of a finished job, under its row lock: the active jobs anywhere under it."""
+    if job.children_cancelled:
+        # cancelled once already: what its children's end still queues (a batch's settling
+        # callback) is theirs to finish
+        raise AlreadyFinished(str(job.id), JobState.CANCELLED)
+    active = active_descendants(job.id) if job.state == JobState.SUCCEEDED else []
+    if not active:
+        raise AlreadyFinished(str(job.id), job.state)
+    waiting = [j for j in active if j.state != JobState.RUNNING]
+    running = [j for j in active if j.state == JobState.RUNNING]
+    ledger.cancel_waiting([j.id for j in waiting])
+    ledger.request_cancel([j.id for j in running])
+    ledger.children_cancelled(job.id)
+
+    def after_commit() -> None:
+        _after_commit(waiting, running, by)
+        _call_on_cancelled(job.task_name, job.args, job.kwargs)
+
+    transaction.on_commit(after_commit)
+    return Cancellation(
+        job_id=str(job.id),
+        state=JobState.CANCELLED,
+        cancelled=[str(j.id) for j in waiting],
+        requested=[str(j.id) for j in running],
+    )
+
+
+def active_descendants(job_id: Any) -> list[Job]:
+    """The jobs not finished anywhere under `job_id` (through finished children too: a
+    finished transcode's settling job may still wait)."""
+    found: list[Job] = []
+    seen = {job_id}
+    frontier: deque[Any] = deque([job_id])
+    while frontier:
+        parents = [frontier.popleft() for _ in range(len(frontier))]
+        for child in Job.objects.filter(parent_id__in=parents).only(
+            "id", "state", "task_name", "queue", "args", "kwargs", "attempts"
+        ):
+            if child.id in seen:
+                continue
+            seen.add(child.id)
+            frontier.append(child.id)
+            if child.state in ACTIVE_STATES:
+                found.append(child)
+    return found
 
 
 def _with_descendants(root: Job) -> tuple[list[Job], list[Job]]:

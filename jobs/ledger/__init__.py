@@ -18,7 +18,13 @@ from jobs.ledger.accept import (
     waiting_but_due,
 )
 from jobs.ledger.busy import busy_released, database_busy, when_free
-from jobs.ledger.cancel import cancel_discarded, cancel_waiting, request_cancel, run_cancelled
+from jobs.ledger.cancel import (
+    cancel_discarded,
+    cancel_waiting,
+    children_cancelled,
+    request_cancel,
+    run_cancelled,
+)
 from jobs.ledger.claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
 from jobs.ledger.replace import REPLACED, replace, replaced_by_untracked, take_over
 from jobs.ledger.resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
@@ -46,6 +52,7 @@ __all__ = [
     "busy_released",
     "cancel_discarded",
     "cancel_waiting",
+    "children_cancelled",
     "claim",
     "claim_delivery",
     "database_busy",

@@ -48,6 +48,14 @@ def request_cancel(job_ids: Iterable[Any]) -> int:
     ).update(cancel_requested_at=timezone.now())
 
 
+def children_cancelled(job_id: Any) -> bool:
+    """Succeeded stays succeeded, marked: the work it fanned out was cancelled before it ended
+    (cancel() on a job waiting on its children). The status API reads it as cancelled."""
+    rows = Job.objects.filter(id=job_id, state=JobState.SUCCEEDED)
+    # after its finish (Job.children_cancelled): a request made while it ran is overwritten
+    return bool(rows.update(cancel_requested_at=timezone.now()))
+
+
 @batch_finish.moves_batch(JobState.CANCELLED)  # in one transaction with its batch's counters
 def run_cancelled(
     *,

@@ -16,6 +16,7 @@ from jobs.core.states import (  # noqa: F401  (re-exported: the models' vocabula
     ACTIVE_STATES,
     CLAIMABLE_STATES,
     FINISHED_STATES,
+    WAITING_CHILDREN,
     WAITING_STATES,
     DeadLetterStatus,
     JobState,
@@ -268,6 +269,34 @@ class Job(models.Model):
             return None
         ready = max(self.enqueued_at, self.scheduled_for or self.enqueued_at)
         return max(0.0, (self.started_at - ready).total_seconds())
+
+    @property
+    def children_cancelled(self) -> bool:
+        """It succeeded, and then a cancel stopped the work it had fanned out (a cancel
+        requested after it finished: one requested while it ran is earlier than its end)."""
+        return (
+            self.state == JobState.SUCCEEDED
+            and self.cancel_requested_at is not None
+            and self.finished_at is not None
+            and self.cancel_requested_at > self.finished_at
+        )
+
+    def shown_state(self) -> str:
+        """The state a user is shown: a scheduled or retrying job whose time has come is
+        queued; a succeeded job whose children have not all ended is `waiting_children` (its
+        work goes on: a cancel still reaches it), and one whose children were cancelled that
+        way (children_cancelled) is cancelled. One indexed EXISTS for
+        a succeeded job, none for the others."""
+        state = self.state
+        due = self.scheduled_for is not None and self.scheduled_for <= timezone.now()
+        if state in (JobState.SCHEDULED, JobState.RETRYING) and due:
+            return JobState.QUEUED
+        if state == JobState.SUCCEEDED:
+            if self.children_cancelled:
+                return JobState.CANCELLED
+            if Job.objects.filter(parent_id=self.pk, state__in=ACTIVE_STATES).exists():
+                return WAITING_CHILDREN
+        return state
 
     @property
     def progress_percent(self) -> float | None:

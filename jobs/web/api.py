@@ -12,7 +12,6 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from ninja import Field, Router, Schema
 from ninja.errors import HttpError
@@ -47,8 +46,10 @@ class JobOut(Schema):
     job_id: str
     task: str
     state: str = Field(
-        description="queued, scheduled, running, retrying, succeeded, dead or cancelled. A "
-        "scheduled or retrying job whose time has come says queued: it waits for a worker."
+        description="queued, scheduled, running, retrying, waiting_children, succeeded, dead "
+        "or cancelled. A scheduled or retrying job whose time has come says queued: it waits "
+        "for a worker. waiting_children: it ran and fanned out, and jobs it started have not "
+        "ended; cancelling it cancels them (it then says cancelled)."
     )
     queue: str
     priority: int
@@ -65,18 +66,11 @@ class JobOut(Schema):
     run_seconds: float | None
 
 
-# What a user calls a job waiting for its time: once the time has come it waits for a worker
-# like any queued job (the ledger keeps the state's real name until a worker claims it).
-_WAITING_FOR_TIME = (JobState.SCHEDULED, JobState.RETRYING)
-
-
 def job_status(job: Job) -> dict[str, Any]:
     """The status document of a job, as the API returns it (and the "My jobs" page polls):
-    a scheduled or retrying job whose time has come says `queued`."""
+    its state as Job.shown_state says (queued once due, waiting_children, ...)."""
     result = job.result if job.state == JobState.SUCCEEDED else None
-    state = job.state
-    if state in _WAITING_FOR_TIME and job.scheduled_for and job.scheduled_for <= timezone.now():
-        state = JobState.QUEUED
+    state = job.shown_state()
     return {
         "job_id": str(job.id),
         "task": job.task_name,

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import AlreadyFinished
-from jobs.core.states import ACTIVE_STATES, JobState
+from jobs.core.states import ACTIVE_STATES, WAITING_CHILDREN, JobState
 from jobs.enqueue.submit import JobHandle
 from jobs.flow.cancellation import cancel
 from jobs.flow.deadletters import audit
@@ -84,7 +84,8 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
     context = {
         "job": job,
         "status_url": status_url,
-        "can_cancel": job.state in ACTIVE_STATES and _may_cancel(request.user, job),
+        "can_cancel": (job.state in ACTIVE_STATES or job.shown_state() == WAITING_CHILDREN)
+        and _may_cancel(request.user, job),
         "batch": batch,
         "batch_url": _batch_url(batch) if batch is not None else "",
     }

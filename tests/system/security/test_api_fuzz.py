@@ -78,11 +78,12 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
     called: set[tuple[str, str]] = set()
     mismatches: list[str] = []
 
-    def send(method: str, path: str, status: int, **data: Any) -> Any:
+    def send(method: str, path: str, status: int | set[int], **data: Any) -> Any:
         case = schema[path][method].Case(**data)
         response = case.call(headers=auth)
         called.add((method, path))
-        assert response.status_code == status, f"{method} {path}: {response.text}"
+        expected = status if isinstance(status, set) else {status}
+        assert response.status_code in expected, f"{method} {path}: {response.text}"
         try:
             case.validate_response(response, checks=CHECKS)
         except FailureGroup as exc:
@@ -145,10 +146,19 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
     report_ids = {"report_id": report["report_id"]}
     send("GET", "/api/reports/{report_id}/", 200, path_parameters=report_ids)
     send("GET", "/api/reports/{report_id}/download", 409, path_parameters=report_ids)
+    send("POST", "/api/reports/{report_id}/cancel", 202, path_parameters=report_ids)
+    send("POST", "/api/reports/{report_id}/cancel", 409, path_parameters=report_ids)
+    # a session worker, when one runs in the same pytest session, may have finished the
+    # campaign (and failed the junk video) already: then a cancel is 409, else 202 then 409
+    send("POST", "/api/campaigns/{campaign_id}/cancel", {202, 409}, path_parameters=ids)
+    send("POST", "/api/campaigns/{campaign_id}/cancel", 409, path_parameters=ids)
     send("GET", "/api/videos/", 200)
     send("GET", "/api/videos/{video_id}/", 200, path_parameters={"video_id": video["video_id"]})
+    video_ids = {"video_id": video["video_id"]}
+    send("POST", "/api/videos/{video_id}/cancel", {202, 409}, path_parameters=video_ids)
+    send("POST", "/api/videos/{video_id}/cancel", 409, path_parameters=video_ids)
     send("GET", "/api/jobs/", 200)
-    job = {"job_id": report["job_id"]}  # `reports`: no worker takes it during tests/system
+    job = {"job_id": email["job_id"]}  # no worker takes it during this test
     send("POST", "/api/jobs/{job_id}/cancel", 202, path_parameters=job)
     send("POST", "/api/jobs/{job_id}/cancel", 409, path_parameters=job)
     # queues are for staff: the token's user is refused, as documented
