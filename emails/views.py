@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -29,6 +31,13 @@ class TestEmailForm(forms.Form):
 
 
 class CampaignForm(forms.Form):
+    """Shown on the same page as TestEmailForm: its ids are prefixed (id_campaign_name), so the
+    two `name` fields do not share id_name."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_id", "id_campaign_%s")
+        super().__init__(*args, **kwargs)
+
     name = forms.CharField(max_length=200)
     headline = forms.CharField(label="Subject", max_length=200)
     body = forms.CharField(widget=forms.Textarea(attrs={"rows": 4}), max_length=5000)

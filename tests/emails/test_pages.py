@@ -83,3 +83,16 @@ def test_nul_characters_are_a_400_not_a_server_error(client, admin_user):
     assert email.json()["detail"][0]["loc"] == ["body", "context", "name"]
     assert campaign.status_code == 400 and "NUL" in campaign.json()["detail"][0]["msg"]
     assert EmailMessage.objects.count() == 0 and Campaign.objects.count() == 0
+
+
+def test_the_email_page_gives_every_form_field_an_id_of_its_own(client, admin_user):
+    import re
+
+    client.force_login(admin_user)
+    page = client.get("/emails/").content.decode()
+    ids = re.findall(r'\sid="([^"]+)"', page)
+    assert "id_name" in ids and "id_campaign_name" in ids
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    # every label points at a field that exists
+    for target in re.findall(r'<label for="([^"]+)"', page):
+        assert target in ids
