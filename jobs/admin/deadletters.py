@@ -25,6 +25,9 @@ from jobs.tasks import replay_matching
 from jobs.web.forms import EditedReplayForm
 
 PERMISSIONED_ACTIONS = {"replay_selected": "replay", "discard_selected": "discard"}
+# A replay's message links this many new jobs (a bulk replay of thousands names the rest as a
+# count; the dead-letter list's "replayed as" column links each).
+REPLAY_LINKS_SHOWN = 10
 
 
 @admin.register(DeadLetter)
@@ -155,12 +158,24 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             count=outcome.done,
             ids=list(queryset.values_list("pk", flat=True)[:1000]),
         )
-        self.message_user(
-            request,
-            ngettext("%d dead letter replayed.", "%d dead letters replayed.", outcome.done)
-            % outcome.done,
-            messages.SUCCESS,
+        said = (
+            ngettext("%d dead letter replayed", "%d dead letters replayed", outcome.done)
+            % outcome.done
         )
+        shown = outcome.job_ids[:REPLAY_LINKS_SHOWN]
+        if shown:
+            links = format_html_join(
+                ", ",
+                '<a href="{}">{}</a>',
+                ((reverse("admin:jobs_job_change", args=[job_id]), job_id) for job_id in shown),
+            )
+            more = len(outcome.job_ids) - len(shown)
+            tail = f" and {more} more" if more else ""
+            self.message_user(
+                request, format_html("{} as {}{}.", said, links, tail), messages.SUCCESS
+            )
+        else:
+            self.message_user(request, f"{said}.", messages.SUCCESS)
         for message in (outcome.errors or [])[:5]:
             self.message_user(request, message, messages.ERROR)
 
@@ -282,7 +297,12 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                         {"args": form.cleaned_data["args"], "kwargs": form.cleaned_data["kwargs"]}
                     ),
                 )
-                self.message_user(request, f"Replayed as job {handle.id}.", messages.SUCCESS)
+                url = reverse("admin:jobs_job_change", args=[handle.id])
+                self.message_user(
+                    request,
+                    format_html('Replayed as job <a href="{}">{}</a>.', url, handle.id),
+                    messages.SUCCESS,
+                )
                 return HttpResponseRedirect(reverse("admin:jobs_deadletter_change", args=[row.pk]))
         return render(
             request,

@@ -73,6 +73,7 @@ class BulkOutcome:
     done: int = 0
     skipped: int = 0  # already replayed/discarded, or locked by a concurrent operator
     errors: list[str] = field(default_factory=list)
+    job_ids: list[str] = field(default_factory=list)  # a replay's new jobs
 
 
 def dead_letter_replay_many(
@@ -116,6 +117,7 @@ def dead_letter_replay_many(
                 key = (row.task_name, row.priority, row.queue, row.owner_id, row.pk in members)
                 groups.setdefault(key, []).append(row)
             replayed: list[int] = []
+            new_jobs: list[str] = []
             for (task_name, priority, queue, _, member), grouped in groups.items():
                 try:
                     task = task_by_name(task_name)
@@ -138,12 +140,14 @@ def dead_letter_replay_many(
                         detached=True,
                     )
                 replayed += [row.pk for row in group]
+                new_jobs += job_ids
                 _announce(job_ids, [row.pk for row in group], by, task_name)
             added = joining.added if batch and joining is not None else 0
             if added and not batch_ledger.members_added(batch_id=batch, waiting=added):
                 raise ReplayError(f"Batch {batch} has ended; these replays were not sent")
             ledger.dead_letters_replayed(pks=replayed, by=by)
             outcome.done += len(replayed)
+            outcome.job_ids += new_jobs
         if progress:
             progress(min(start + BULK_BATCH, len(ids)), len(ids), f"{outcome.done} replayed")
     return outcome

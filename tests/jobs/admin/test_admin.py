@@ -52,13 +52,15 @@ def test_replay_action_enqueues_a_linked_job(admin_client, admin_user, clean_red
         follow=True,
     )
 
-    assert b"1 dead letter replayed." in response.content
     row.refresh_from_db()
     assert row.status == DeadLetterStatus.REPLAYED and row.resolved_by == admin_user
     assert row.replayed_job_id is not None
     job = Job.objects.get(id=row.replayed_job_id)
     assert job.task_name == "tests.prioritized" and job.args == ["k", "replayed"]
     assert job.replay_of_id == row.pk
+    # the message links the new job
+    link = f'<a href="/admin/jobs/job/{job.id}/change/">{job.id}</a>'
+    assert f"1 dead letter replayed as {link}." in response.content.decode()
 
 
 def test_discard_action_marks_rows(admin_client):
