@@ -1,5 +1,5 @@
-"""Admin for the job ledger: read-only history, the dashboard, and cancel (permission
-cancel_job, audited)."""
+"""Admin for the job ledger: read-only history, the dashboard, cancel (permission cancel_job)
+and retry of dead jobs (replays their dead letters: permission replay_deadletter), each audited."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import path
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
 from jobs.core.masking import mask_value
 from jobs.flow.cancellation import cancel_many
-from jobs.flow.deadletters import audit
-from jobs.models import Job
+from jobs.flow.deadletters import audit, dead_letter_replay_many
+from jobs.models import DeadLetter, Job, JobState
 from jobs.web.dashboard import dashboard_json, dashboard_view
 
 
@@ -33,7 +34,7 @@ class JobAdmin(ReadOnlyAdmin):
         "finished_at",
     )
     list_filter = ("state", "queue", "task_name")
-    actions = ("cancel_selected",)
+    actions = ("cancel_selected", "retry_selected")
     search_fields = ("=id", "idempotency_key")
     date_hierarchy = "enqueued_at"
     show_full_result_count = False
@@ -50,13 +51,39 @@ class JobAdmin(ReadOnlyAdmin):
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobs.cancel_job")
 
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("jobs.replay_deadletter")
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict | None = None
     ) -> HttpResponse:
         action = request.POST.get("action") if request.method == "POST" else None
         if action == "cancel_selected" and not self.has_cancel_permission(request):
             raise PermissionDenied("You may not cancel jobs.")
+        if action == "retry_selected" and not self.has_retry_permission(request):
+            raise PermissionDenied("You may not retry jobs.")
         return super().changelist_view(request, extra_context)
+
+    @admin.action(description="Retry selected dead jobs", permissions=["retry"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        """A dead job is retried by replaying its dead letter: a new job, linked to it, with
+        the original queue, owner and priority (jobs.flow.deadletters). Others are skipped."""
+        ids = list(queryset.filter(state=JobState.DEAD).values_list("id", flat=True)[:1000])
+        letters = DeadLetter.objects.unresolved().filter(job_id_value__in=ids)
+        outcome = dead_letter_replay_many(queryset=letters, by=request.user)
+        audit(user=request.user, action="retry", count=outcome.done, ids=[str(i) for i in ids])
+        skipped = queryset.count() - outcome.done
+        said = ngettext("%d job retried", "%d jobs retried", outcome.done) % outcome.done
+        links = format_html_join(
+            ", ",
+            '<a href="{}">{}</a>',
+            ((reverse("admin:jobs_job_change", args=[j]), j) for j in outcome.job_ids[:10]),
+        )
+        tail = f"; {skipped} not dead (or already replayed): left as they are" if skipped else ""
+        message = format_html("{} as {}{}.", said, links, tail) if outcome.job_ids else said + tail
+        self.message_user(request, message, messages.SUCCESS if outcome.done else messages.WARNING)
+        for error in outcome.errors[:5]:
+            self.message_user(request, error, messages.ERROR)
 
     @admin.action(description="Cancel selected jobs", permissions=["cancel"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:

@@ -241,3 +241,48 @@ def test_dashboard_shows_queue_numbers(admin_client, client, viewer, clean_redis
     assert b"Jobs dashboard" in admin_client.get("/admin/").content  # linked from the index
     client.force_login(viewer)
     assert client.get("/admin/jobs/job/dashboard.json").status_code == 200
+
+
+def test_retry_of_a_dead_job_replays_it_linked_and_audited(admin_client, admin_user, clean_redis):
+    from jobs.models import AuditEntry
+
+    # given a dead job with its dead letter, and a succeeded one
+    now = timezone.now()
+    dead = Job.objects.create(
+        task_name="tests.prioritized", queue="reports", state=JobState.DEAD, args=["k", "again"],
+        finished_at=now,
+    )  # fmt: skip
+    done = Job.objects.create(
+        task_name="tests.prioritized", queue="reports", state=JobState.SUCCEEDED, finished_at=now
+    )
+    letter = dead_letter(job_id_value=dead.id, args=["k", "again"])
+    listing = admin_client.get("/admin/jobs/job/")
+    assert b"retry_selected" in listing.content and b"cancel_selected" in listing.content
+
+    # when both are retried from the job list
+    response = admin_client.post(
+        "/admin/jobs/job/",
+        {"action": "retry_selected", "_selected_action": [dead.pk, done.pk]},
+        follow=True,
+    )
+
+    # then the dead one is replayed as a new job, linked, and the action is audited
+    letter.refresh_from_db()
+    assert letter.status == DeadLetterStatus.REPLAYED
+    new = Job.objects.get(id=letter.replayed_job_id)
+    assert new.replay_of_id == letter.pk and new.args == ["k", "again"]
+    body = response.content.decode()
+    assert f'1 job retried as <a href="/admin/jobs/job/{new.id}/change/">{new.id}</a>' in body
+    assert "1 not dead (or already replayed)" in body
+    entry = AuditEntry.objects.get(action="retry")
+    assert entry.user == admin_user and entry.count == 1
+
+
+def test_retry_without_the_replay_permission_is_403(client, viewer):
+    dead = Job.objects.create(task_name="tests.prioritized", queue="reports", state=JobState.DEAD)
+    client.force_login(viewer)
+    assert b"retry_selected" not in client.get("/admin/jobs/job/").content
+    forged = client.post(
+        "/admin/jobs/job/", {"action": "retry_selected", "_selected_action": [dead.pk]}
+    )
+    assert forged.status_code == 403
