@@ -269,7 +269,7 @@ def test_retry_of_a_dead_job_replays_it_linked_and_audited(admin_client, admin_u
     # then the dead one is replayed as a new job, linked, and the action is audited
     letter.refresh_from_db()
     assert letter.status == DeadLetterStatus.REPLAYED
-    new = Job.objects.get(id=letter.replayed_job_id)
+    new = Job.objects.get(id=str(letter.replayed_job_id))
     assert new.replay_of_id == letter.pk and new.args == ["k", "again"]
     body = response.content.decode()
     assert f'1 job retried as <a href="/admin/jobs/job/{new.id}/change/">{new.id}</a>' in body
