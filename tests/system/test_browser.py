@@ -178,7 +178,12 @@ def test_operator_replays_a_dead_letter_and_watches_the_dashboard(
     page.select_option("select[name=action]", label="Replay selected dead letters")
     shots.take("dead-letters")
     page.get_by_role("button", name="Go").click()
-    expect(page.locator("ul.messagelist li.success")).to_have_text("1 dead letter replayed.")
+    replayed = page.locator("ul.messagelist li.success")
+    expect(replayed).to_have_text(re.compile(r"^1 dead letter replayed as [0-9a-f-]{36}\.$"))
+    # the message links the new job (issue 25)
+    expect(replayed.get_by_role("link")).to_have_attribute(
+        "href", re.compile(r"^/admin/jobs/job/[0-9a-f-]{36}/change/$")
+    )
     shots.take("replayed")
 
     # its detail page links the new job, which the session worker runs to success
