@@ -13,12 +13,14 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import AlreadyFinished
+from jobs.core.masking import mask_text
 from jobs.core.states import ACTIVE_STATES, WAITING_CHILDREN, JobState
 from jobs.enqueue.submit import JobHandle
 from jobs.flow.cancellation import cancel
@@ -88,8 +90,46 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
         and _may_cancel(request.user, job),
         "batch": batch,
         "batch_url": _batch_url(batch) if batch is not None else "",
+        "timeline": attempt_timeline(job),
     }
     return render(request, "jobs/job_detail.html", context)
+
+
+def attempt_timeline(job: Job) -> list[dict[str, Any]]:
+    """The job's attempts, oldest first: each failed one from the ledger's `failures` (when it
+    failed, the exception's class and message, emails masked), then the last one (its start,
+    end and outcome) when it is not one of those; a retrying job's entry says when it runs
+    again. The ledger keeps no per-attempt start or worker for the failed ones."""
+    rows: list[dict[str, Any]] = [
+        {
+            "attempt": entry.get("attempt"),
+            "started_at": None,
+            "ended_at": parse_datetime(str(entry.get("at") or "")),
+            "outcome": "failed",
+            "error_class": entry.get("exception", ""),
+            "error_message": mask_text(str(entry.get("message", ""))),
+            "next_at": None,
+        }
+        for entry in job.failures or []
+    ]
+    if rows and job.state == JobState.RETRYING:
+        rows[-1]["next_at"] = job.scheduled_for
+    failed = {row["attempt"] for row in rows}
+    if job.attempts and job.attempts not in failed:
+        rows.append(
+            {
+                "attempt": job.attempts,
+                "started_at": job.last_started_at or job.started_at,
+                "ended_at": job.finished_at,
+                "outcome": job.shown_state(),
+                "error_class": "",
+                "error_message": "",
+                "next_at": None,
+            }
+        )
+    elif rows and job.state == JobState.DEAD:
+        rows[-1]["outcome"] = "dead"
+    return rows
 
 
 def _batch_url(batch: Batch) -> str:
