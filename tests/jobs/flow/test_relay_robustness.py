@@ -104,7 +104,7 @@ def test_a_row_that_cannot_be_published_is_dead_lettered_and_the_sweep_goes_on(
     after = outbox_row("tests.prioritized", ["k", "after"])
 
     # when: the relay sweeps, twice
-    with caplog.at_level(logging.ERROR, logger="jobs.relay"):
+    with caplog.at_level(logging.ERROR, logger="jobs.flow.relay"):
         assert job_relay() == 2
     assert job_relay() == 0
 
@@ -117,7 +117,7 @@ def test_a_row_that_cannot_be_published_is_dead_lettered_and_the_sweep_goes_on(
     assert letter.exception_class == "jobs.core.exceptions.InvalidArguments"
     assert "missing 1 required positional argument: 'b'" in letter.exception_message
     assert letter.attempts == 0 and letter.args == [5]
-    assert [r.getMessage() for r in caplog.records if r.name == "jobs.relay"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "jobs.flow.relay"] == [
         f"Job {bad.id} (tests.add) cannot be published (InvalidArguments): dead-lettered"
     ]
     # a bulk replay skips it with the reason; a replay with fixed arguments sends it
@@ -142,13 +142,13 @@ def test_a_job_of_an_unknown_task_is_reported_once_and_in_health_and_metrics(
     gone = [outbox_row("billing.removed_job", [1]) for _ in range(2)]
     good = outbox_row("tests.prioritized", ["k", "good"])
 
-    with caplog.at_level(logging.ERROR, logger="jobs.relay"):
+    with caplog.at_level(logging.ERROR, logger="jobs.flow.relay"):
         sent = [job_relay() for _ in range(3)]
 
     assert sent == [1, 0, 0]
     assert Job.objects.get(id=good.id).published_at is not None
     assert Job.objects.filter(id__in=[g.id for g in gone], state=JobState.QUEUED).count() == 2
-    logged = [r.getMessage() for r in caplog.records if r.name == "jobs.relay"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "jobs.flow.relay"]
     assert len(logged) == 1 and "unknown task billing.removed_job" in logged[0], logged
     status, details = health_report()
     assert status == "degraded"
