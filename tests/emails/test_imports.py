@@ -107,6 +107,7 @@ def test_an_import_whose_job_dies_ends_failed_with_the_reason(worker, client, dr
     # then the job is dead and the on_dead hook failed the row with the reason
     assert wait_until(
         lambda: Job.objects.get(pk=response.json()["job_id"]).state == JobState.DEAD,
+        timeout=90,
         what="the job to die",
     )
     assert body["status"] == "failed"

@@ -294,7 +294,7 @@ def test_an_existing_celery_project_is_adopted_by_the_readme_lines(adopted: Host
         },
         timeout=30,
     )
-    assert replayed.status_code == 200 and "1 dead letter replayed." in replayed.text
+    assert replayed.status_code == 200 and "1 dead letter replayed as <a href=" in replayed.text
     letter = session.get(f"{base}/admin/jobs/deadletter/{pk[1]}/change/", timeout=10).text
     linked = set(re.findall(r"/admin/jobs/job/([0-9a-f-]{36})/change/", letter))
     (new_id,) = linked - {ids["always_fails"]}

@@ -539,8 +539,8 @@ def test_readme_setup_runs_a_job_a_dead_letter_and_its_replay_in_a_fresh_project
         },
         timeout=10,
     )
-    assert replayed.status_code == 200 and "1 dead letter replayed." in replayed.text, re.findall(
-        r"<li class=\"(?:success|error|warning|info)\">.*?</li>", replayed.text, re.S
+    assert replayed.status_code == 200 and "1 dead letter replayed as <a href=" in replayed.text, (
+        re.findall(r"<li class=\"(?:success|error|warning|info)\">.*?</li>", replayed.text, re.S)
     )
     letter = session.get(f"{base}/admin/jobs/deadletter/{pk}/change/", timeout=10).text
     linked = set(re.findall(r"/admin/jobs/job/([0-9a-f-]{36})/change/", letter)) - {handles["bad"]}

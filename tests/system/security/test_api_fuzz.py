@@ -158,8 +158,9 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
     send("POST", "/api/videos/{video_id}/cancel", {202, 409}, path_parameters=video_ids)
     send("POST", "/api/videos/{video_id}/cancel", 409, path_parameters=video_ids)
     send("GET", "/api/jobs/", 200)
-    job = {"job_id": email["job_id"]}  # no worker takes it during this test
-    send("POST", "/api/jobs/{job_id}/cancel", 202, path_parameters=job)
+    # a session worker of the same pytest process may have sent the email already: 409 then
+    job = {"job_id": email["job_id"]}
+    send("POST", "/api/jobs/{job_id}/cancel", {202, 409}, path_parameters=job)
     send("POST", "/api/jobs/{job_id}/cancel", 409, path_parameters=job)
     # queues are for staff: the token's user is refused, as documented
     send("GET", "/api/queues/", 403)
