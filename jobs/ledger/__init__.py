@@ -15,6 +15,7 @@ from jobs.ledger.accept import (
     lapsed_leases_requeued,
     mark_published,
     republish,
+    unpublish,
     waiting_but_due,
 )
 from jobs.ledger.busy import busy_released, database_busy, when_free
@@ -78,6 +79,7 @@ __all__ = [
     "run_cancelled",
     "succeed",
     "take_over",
+    "unpublish",
     "waiting_but_due",
     "when_free",
 ]

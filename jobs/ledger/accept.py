@@ -164,6 +164,12 @@ def _published_sql(vendor: str) -> str:
     )
 
 
+def unpublish(job_id: str | uuid.UUID) -> int:
+    """Back into the outbox: a waiting job whose message its publisher could not hand over
+    (state unchanged, published_at cleared); the relay publishes it when it is due."""
+    return Job.objects.filter(id=job_id, state__in=sources("republish")).update(published_at=None)
+
+
 def lapsed_leases_requeued(*, now: datetime, max_crashes: int | None = None) -> int:
     """From running to queued: jobs whose worker stopped renewing (died, lost its host), each
     lapse counted as a crash. With `max_crashes`, a job at its last allowed crash is left for

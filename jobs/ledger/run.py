@@ -218,13 +218,19 @@ def retry_later(
     lease_owner: str | None = None,
     args: list[Any] | None = None,
     kwargs: dict[str, Any] | None = None,
+    publishing: bool = False,
 ) -> datetime | None:
     """From running to retrying: record the failed attempt and when the next is due; None when
     this run no longer holds the claim (nothing is written then). `args`/`kwargs`, when given,
     are what the next run is called with (Celery's self.retry(args=..., kwargs=...)).
 
-    The row is left unpublished: the caller publishes it (and marks it) when the broker should
-    hold it, otherwise the relay does once it is due.
+    `publishing`: the caller hands the broker the next run's message right after this write,
+    so the row reads published from this write on. Left unpublished between the two, a retry
+    due sooner than the gap (a 0.2 s countdown on a loaded host) was also sent by the relay's
+    sweep of due rows: two messages, and the second claimed a run of its own. A message the
+    caller then fails to hand over goes back to the outbox (ledger.unpublish), and one lost
+    with its caller is found missing by the relay's reconcile. Without it (a wait longer than
+    the broker should hold) the row stays unpublished and the relay publishes it when due.
     """
     now = timezone.now()
     due = now + timedelta(seconds=delay)
@@ -238,7 +244,7 @@ def retry_later(
         **arguments,
         state=target("retry_later"),
         scheduled_for=due,
-        published_at=None,
+        published_at=now if publishing else None,
         lease_expires_at=None,
         failed_at=now,
         run_seconds=run_seconds,

@@ -263,6 +263,8 @@ def _schedule_retry(
         kwargs = requested.kwargs_override if requested.kwargs_override is not None else kwargs
         options = requested.options
     due: datetime | None = timezone.now() + timedelta(seconds=delay)
+    # A long wait stays in the ledger; the relay publishes it when due.
+    held_by_broker = delay <= backlot_settings().MAX_BROKER_COUNTDOWN
     if task.track:
         due = ledger.retry_later(
             job_id=job_id,
@@ -274,12 +276,17 @@ def _schedule_retry(
             lease_owner=outcomes.lease_owner(task),
             args=None if requested is None else list(args),
             kwargs=None if requested is None else dict(kwargs),
+            publishing=held_by_broker,  # the row reads published: the relay sends no copy
         )
         if due is None:
             refused("retry", job_id, attempt)
             return False
-        if delay > backlot_settings().MAX_BROKER_COUNTDOWN:
-            return True  # a long wait stays in the ledger; the relay publishes it when due
-    if not resend(task, args, kwargs, due, {**options, "retries": attempt}) and not task.track:
+        if not held_by_broker:
+            return True
+    options = {**options, "retries": attempt}
+    if resend(task, args, kwargs, due, options, mark_published=False):
+        return True
+    if not task.track:
         raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")
+    ledger.unpublish(job_id)  # the broker is away: the relay publishes it when due
     return True

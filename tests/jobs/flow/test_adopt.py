@@ -227,3 +227,33 @@ def test_a_beat_schedule_of_a_plain_task_runs_it_on_the_ledger(adopt_worker, wor
         beat.wait(timeout=20)
     assert ran.result == 42 and ran.attempts == 1
     assert "add" in marks(unique)
+
+
+RETRIED = 24  # jobs at once, two runs of the pool: retries overlap other jobs' runs
+
+
+def test_each_run_of_a_retried_task_reads_its_own_retry_number(adopt_worker, worker_env, unique):
+    """self.request.retries is the number of runs before this one, for every run: a retry is
+    one message, never two (a CI run once read `after 5` on the third of three runs)."""
+    code = (
+        "import django, json; django.setup(); from tests.support import adopt_tasks as t; "
+        f"print(json.dumps([t.retrying.delay('{unique}-' + str(i)).id for i in range({RETRIED})]))"
+    )
+    sent = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**worker_env, **ADOPT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert sent.returncode == 0, sent.stderr[-3000:]
+    ids = json.loads(sent.stdout.strip().splitlines()[-1])
+
+    rows = [wait_until(functools.partial(finished, i), timeout=TIMEOUT) for i in ids]
+
+    assert [(r.state, r.attempts, r.result) for r in rows] == [
+        (JobState.SUCCEEDED, 3, "done after 2")
+    ] * RETRIED
+    assert [marks(f"{unique}-{i}") for i in range(RETRIED)] == [["0", "1", "2"]] * RETRIED

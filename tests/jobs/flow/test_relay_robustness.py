@@ -22,7 +22,7 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from config.celery import app as celery_app
-from jobs import InvalidArguments, dead_letter_replay, dead_letter_replay_many, enqueue_many
+from jobs import InvalidArguments, dead_letter_replay, dead_letter_replay_many, enqueue_many, ledger
 from jobs.broker.broker import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.flow import relay
@@ -133,6 +133,36 @@ def test_a_row_that_cannot_be_published_is_dead_lettered_and_the_sweep_goes_on(
     out = io.StringIO()
     call_command("jobs", "relay", "--once", stdout=out)
     assert "sweep failed" not in out.getvalue()
+
+
+def test_a_retry_its_worker_publishes_is_never_sent_again_by_the_relay(clean_redis, fresh_relay):
+    # given: a run that failed and records its retry, due at once, which its worker publishes
+    # itself (a self.retry(countdown=0.2) on a loaded host: the relay swept in between)
+    row = outbox_row("tests.prioritized", ["k", "retried"])
+    claimed = ledger.claim(job_id=str(row.id), lease_seconds=60)
+    assert claimed is not None
+    due = ledger.retry_later(
+        job_id=str(row.id),
+        attempt=claimed.attempt,
+        failures=[],
+        exc=ConnectionError("flaky upstream"),
+        delay=0,
+        run_seconds=0.1,
+        lease_owner=claimed.lease_owner,
+        publishing=True,
+    )
+    assert due is not None
+
+    # when: the relay sweeps before the worker's message is out
+    sent = job_relay()
+
+    # then: it sends no copy (two messages claimed two runs: retries read 5 on a 3rd run)
+    assert sent == 0 and messages_waiting() == 0
+    row.refresh_from_db()
+    assert row.state == JobState.RETRYING and row.published_at is not None
+    # and a message its worker could not hand over goes back to the outbox: the relay sends it
+    assert ledger.unpublish(row.id) == 1
+    assert job_relay() == 1 and messages_waiting() == 1
 
 
 def test_a_job_of_an_unknown_task_is_reported_once_and_in_health_and_metrics(
