@@ -310,6 +310,10 @@ def video_cancel(*, video: Video, by: Any = None) -> list[str]:
     once; the jobs' on_cancelled hooks (rendition_cancelled, video_cancelled) say so again
     when a run has stopped, and remove a partial file.
     """
+    if video.status == VideoStatus.CANCELLED:
+        # cancelled once already: the stops that cancel asked for are under way, and asking
+        # a running job again would stop nothing more
+        return []
     renditions = [r for r in video.renditions.all() if r.job_id and not r.is_finished]
     stopped: list[str] = []
     for job_id in [video.job_id, *(r.job_id for r in renditions)]:

@@ -100,9 +100,12 @@ def test_the_videos_cancel_route_stops_a_running_transcode(
     accepted, video, encoders = transcoding(client, worker, source)
 
     response = client.post(f"/api/videos/{video.id}/cancel")
+    again = client.post(f"/api/videos/{video.id}/cancel")
 
     assert response.status_code == 202, response.content
     assert response.json()["state"] == "cancelled"
+    # asked again while the stop is under way: nothing more to stop (it was 202 twice)
+    assert again.status_code == 409, again.content
     wait_until(
         lambda: not any(alive(pid) for pid in encoders),
         timeout=STOP_WITHIN,
