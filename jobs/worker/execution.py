@@ -106,6 +106,18 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
     # A rate-limited run's code begins at most `limit` (+ 10 %) a second, whatever its claim took.
     held.pace()
     started = time.monotonic()
+
+    def failed(exc: BaseException) -> None:
+        attempt_failed(
+            task,
+            exc,
+            args=args,
+            kwargs=kwargs,
+            attempt=attempt,
+            failures=failures,
+            run_seconds=time.monotonic() - started,
+        )
+
     try:
         try:
             owner_id = claim.owner_id if claim else None
@@ -133,26 +145,10 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             raise
         # Rejected for good: the job gives up with the Reject itself, as Celery stores it.
         request.backlot_give_up = True
-        attempt_failed(
-            task,
-            exc,
-            args=args,
-            kwargs=kwargs,
-            attempt=attempt,
-            failures=failures,
-            run_seconds=time.monotonic() - started,
-        )
+        failed(exc)
         raise
     except Exception as exc:
-        attempt_failed(
-            task,
-            exc,
-            args=args,
-            kwargs=kwargs,
-            attempt=attempt,
-            failures=failures,
-            run_seconds=time.monotonic() - started,
-        )
+        failed(exc)
         raise  # gave up: Celery records the failure and acknowledges after the dead letter
     except (SystemExit, KeyboardInterrupt) as exc:
         if not getattr(task, "exit_is_failure", False):
@@ -160,15 +156,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
         # A task of Django's Tasks API (jobs.flow.backends): as Django's backends do, one run,
         # FAILED with the exception's own class and traceback; the pool process lives on.
         request.backlot_give_up = True
-        attempt_failed(
-            task,
-            exc,
-            args=args,
-            kwargs=kwargs,
-            attempt=attempt,
-            failures=failures,
-            run_seconds=time.monotonic() - started,
-        )
+        failed(exc)
         raise Ignore() from None  # recorded; Celery acknowledges the message
     finally:
         throttle = getattr(request, "_backlot_progress", None)
