@@ -266,10 +266,13 @@ def test_the_last_outcome_marks_the_campaign_done(worker, mailbox, admin_user):
         timeout=60,
         what="both messages to be fanned out",
     )
+    # (the summary counts the send jobs' outcomes: the refused one's job ends a moment after
+    # its message reads failed, so the wait covers both)
     wait_until(
         lambda: (
             EmailMessage.objects.get(pk=first.pk).status == EmailStatus.FAILED
             and mailbox.held.is_set()
+            and Campaign.objects.get(pk=campaign.pk).summary()["failed"] == 1
         ),
         timeout=60,
         what="the refused message to fail while the other is held",
