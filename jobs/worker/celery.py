@@ -27,12 +27,14 @@ from typing import Any
 import billiard.common
 from celery import Celery
 from celery.schedules import crontab
+from celery.signals import celeryd_init
 from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
 from jobs.broker import fetch
 from jobs.broker.redis import broker_transport_options, broker_url
 from jobs.core.conf import backlot_settings
+from jobs.worker import shutdown
 
 # Adopt mode's task class (jobs.flow.adopt, above this layer: named, not imported).
 ADOPTED_TASK_CLASS = "jobs.flow.adopt:AdoptedTask"
@@ -60,9 +62,11 @@ def configure(app: Celery) -> None:
     (a deploy) a soft shutdown: running jobs get ``worker_soft_shutdown_timeout`` seconds to
     finish, the rest are requeued (acks_late) to run elsewhere. Celery does that only when
     SIGTERM is remapped to SIGQUIT, which billiard reads from ``REMAP_SIGTERM`` before the
-    worker starts; an ``REMAP_SIGTERM`` already in the environment is kept.
+    worker starts; an ``REMAP_SIGTERM`` already in the environment is kept. The worker stops
+    as soon as its running jobs end (jobs.worker.shutdown), not after the whole timeout.
     """
     billiard.common.REMAP_SIGTERM = os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
+    celeryd_init.connect(_soft_shutdown_ends_with_jobs, weak=False, dispatch_uid=__name__)
     _configured.append(app)  # adopt mode is decided once Django's settings are loaded
     fetch.ring_bells()  # each task message rings its queue's bell (jobs.broker.fetch)
     if app.configured:  # type: ignore[attr-defined]  # celery-types does not declare it
@@ -88,6 +92,12 @@ def adopt_if_asked() -> None:
             continue
         app.task_cls = ADOPTED_TASK_CLASS
         app.__dict__.pop("Task", None)  # Celery's cached_property: built from task_cls again
+
+
+def _soft_shutdown_ends_with_jobs(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """Celery's celeryd_init, before a worker of this process starts (jobs.worker.shutdown)."""
+    if instance.app in _configured:
+        shutdown.install(instance)
 
 
 def _on_after_configure(sender: Celery, source: Any, **kwargs: Any) -> None:
@@ -132,7 +142,8 @@ def platform_settings() -> dict[str, Any]:
         "beat_scheduler": "jobs.flow.beat:LeaderDatabaseScheduler",
         "worker_hijack_root_logger": False,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # SIGTERM: running jobs get this long to finish before they are requeued.
+        # SIGTERM: running jobs get this long to finish before they are requeued; the worker
+        # stops when they end (jobs.worker.shutdown; Celery's own sleeps the whole timeout).
         # https://docs.celeryq.dev/en/stable/userguide/workers.html#soft-shutdown
         "worker_soft_shutdown_timeout": 30.0,
         # ... and only then: an idle worker stops at once (Celery skips the wait when no

@@ -6,6 +6,10 @@ import signal
 import time
 
 from config.celery import app
+from jobs.broker.broker import queue_depths, unacknowledged
+from jobs.models import Job, JobState
+from tests.conftest import marks, wait_until
+from tests.support.tasks import slow_once
 
 
 def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
@@ -23,3 +27,29 @@ def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
     assert code == 0
     assert took < 10, f"an idle worker took {took:.1f} s to stop"
     assert "Initiating Soft Shutdown" not in worker.output()
+
+
+JOB_SECONDS = 3.0
+
+
+def test_a_worker_stops_when_its_running_job_ends(start_worker, clean_redis, transactional_db):
+    # given: a worker running a job that needs JOB_SECONDS more when SIGTERM comes
+    worker = start_worker("soft-stop", queues="reports", concurrency=1)
+    handle = slow_once.using(queue="reports").enqueue("soft-stop", JOB_SECONDS)
+    wait_until(lambda: marks("soft-stop"), timeout=30, what="the job to start")
+
+    # when
+    worker.process.send_signal(signal.SIGTERM)
+    termed = time.monotonic()
+    code = worker.process.wait(timeout=60)
+
+    # then: the job ran to its end, and the worker stopped then, not after the 30 s timeout
+    took = time.monotonic() - termed
+    job = Job.objects.get(id=handle.id)
+    assert (job.state, job.attempts) == (JobState.SUCCEEDED, 1), worker.output()[-3000:]
+    assert code == 0
+    assert took < JOB_SECONDS + 7, (
+        f"the worker took {took:.1f} s to stop after a {JOB_SECONDS} s job"
+    )
+    # ... with its message acknowledged: nothing left in Redis to run it again
+    assert unacknowledged() == 0 and queue_depths(["reports"]) == {"reports": 0}

@@ -29,8 +29,10 @@ def test_sigterm_finishes_short_jobs_and_hands_long_ones_back(
     """
     began = time.monotonic()
     first = start_fault_worker("term-a", concurrency=6, **DRAIN_ENV)
-    short = client_procs.enqueue("slow", run_id, 4, start=0, kwargs={"seconds": SHORT})
+    # the long ones first: each enqueue is a process that takes ~3 s to start Django here,
+    # longer than a short job, which would be over before the long ones were sent
     long = client_procs.enqueue("slow", run_id, 2, start=100, kwargs={"seconds": LONG})
+    short = client_procs.enqueue("slow", run_id, 4, start=0, kwargs={"seconds": SHORT})
     wait_until(
         lambda: Job.objects.filter(id__in=short + long, state=JobState.RUNNING).count() == 6,
         timeout=30,
