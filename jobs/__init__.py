@@ -61,6 +61,8 @@ _EXPORTS = {
     "ReadOnlyAdmin": "jobs.admin",
     "backlot_settings": "jobs.core.conf",
     "throttle": "jobs.web.throttle",
+    "describe_jobs": "jobs.web.descriptions",
+    "JobDescription": "jobs.web.descriptions",
 }
 
 # names that are modules, not attributes of one
@@ -78,6 +80,7 @@ __all__ = [
     "InvalidArguments",
     "InvalidPayload",
     "JobCancelled",
+    "JobDescription",
     "JobHandle",
     "LeaseLost",
     "OwnedQuerySet",
@@ -98,6 +101,7 @@ __all__ = [
     "dead_letter_discard_many",
     "dead_letter_replay",
     "dead_letter_replay_many",
+    "describe_jobs",
     "effect_applied",
     "effect_once",
     "enqueue_many",
@@ -166,6 +170,7 @@ if TYPE_CHECKING:
         dead_letter_replay_many,
     )
     from jobs.web import throttle
+    from jobs.web.descriptions import JobDescription, describe_jobs
     from jobs.worker.decorators import job
     from jobs.worker.effects import effect_applied, effect_once
     from jobs.worker.task import PlatformTask

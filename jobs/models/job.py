@@ -281,12 +281,13 @@ class Job(models.Model):
             and self.cancel_requested_at > self.finished_at
         )
 
-    def shown_state(self) -> str:
+    def shown_state(self, *, active_children: bool | None = None) -> str:
         """The state a user is shown: a scheduled or retrying job whose time has come is
         queued; a succeeded job whose children have not all ended is `waiting_children` (its
         work goes on: a cancel still reaches it), and one whose children were cancelled that
         way (children_cancelled) is cancelled. One indexed EXISTS for
-        a succeeded job, none for the others."""
+        a succeeded job, none for the others; none when the caller read `active_children`
+        already (a page of jobs counts its children in one query, jobs.web.listing)."""
         state = self.state
         due = self.scheduled_for is not None and self.scheduled_for <= timezone.now()
         if state in (JobState.SCHEDULED, JobState.RETRYING) and due:
@@ -294,7 +295,11 @@ class Job(models.Model):
         if state == JobState.SUCCEEDED:
             if self.children_cancelled:
                 return JobState.CANCELLED
-            if Job.objects.filter(parent_id=self.pk, state__in=ACTIVE_STATES).exists():
+            if active_children is None:
+                active_children = Job.objects.filter(
+                    parent_id=self.pk, state__in=ACTIVE_STATES
+                ).exists()
+            if active_children:
                 return WAITING_CHILDREN
         return state
 

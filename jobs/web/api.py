@@ -8,9 +8,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 from django.contrib.auth import get_user_model
-from django.core import signing
 from django.core.exceptions import ValidationError
-from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.dateparse import parse_datetime
 from ninja import Field, Router, Schema
@@ -20,7 +18,17 @@ from ninja.params.functions import Query
 from jobs.core.exceptions import AlreadyFinished
 from jobs.flow.cancellation import cancel
 from jobs.flow.deadletters import audit
-from jobs.models import Job, JobState
+from jobs.models import Job
+from jobs.web.listing import (  # noqa: F401  (listed_jobs, job_status: re-exported)
+    CHILDREN_LISTED,
+    LISTED_STATES,
+    InvalidCursor,
+    cursor_for,
+    job_documents,
+    job_status,
+    listed_jobs,
+    position,
+)
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser
@@ -42,7 +50,7 @@ class JobProgressOut(Schema):
     message: str
 
 
-class JobOut(Schema):
+class JobBaseOut(Schema):
     job_id: str
     task: str
     state: str = Field(
@@ -64,36 +72,33 @@ class JobOut(Schema):
     finished_at: datetime | None
     queue_wait_seconds: float | None
     run_seconds: float | None
+    kind: str = Field(
+        "",
+        description="What kind of job it is, as its app registered it (jobs.describe_jobs: "
+        "Campaign, Video, ...); an unregistered task is its own kind (its task name).",
+    )
+    label: str = Field(
+        "", description="Its domain object as its app names it (a campaign, a video); or empty."
+    )
+    url: str = Field("", description="The page of that object, or empty.")
 
 
-def job_status(job: Job) -> dict[str, Any]:
-    """The status document of a job, as the API returns it (and the "My jobs" page polls):
-    its state as Job.shown_state says (queued once due, waiting_children, ...)."""
-    result = job.result if job.state == JobState.SUCCEEDED else None
-    state = job.shown_state()
-    return {
-        "job_id": str(job.id),
-        "task": job.task_name,
-        "state": state,
-        "queue": job.queue,
-        "priority": job.priority,
-        "progress": {
-            "done": job.progress_done,
-            "total": job.progress_total,
-            "percent": job.progress_percent,
-            "message": job.progress_message,
-        },
-        "result": result,
-        "error": job.error or None,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "enqueued_at": job.enqueued_at,
-        "scheduled_for": job.scheduled_for,
-        "started_at": job.started_at,
-        "finished_at": job.finished_at,
-        "queue_wait_seconds": None if job.queue_wait is None else round(job.queue_wait, 3),
-        "run_seconds": None if job.run_seconds is None else round(job.run_seconds, 3),
-    }
+class JobChildrenOut(Schema):
+    total: int = Field(description="Jobs it started (a fan-out, a batch's members).")
+    active: int = Field(description="Of those, the ones that have not ended.")
+    by_kind: dict[str, dict[str, int]] = Field(
+        description='How many of each kind are in each state, e.g. {"Email": {"succeeded": 28}}.'
+    )
+    items: list[JobBaseOut] | None = Field(
+        description=f"Each of them, oldest first, when they are {CHILDREN_LISTED} or fewer; "
+        "else null (a larger fan-out, a campaign's sends, is counted in by_kind)."
+    )
+
+
+class JobOut(JobBaseOut):
+    children: JobChildrenOut | None = Field(
+        None, description="The jobs it started, or null when it started none."
+    )
 
 
 @router.get("/{job_id}/", response=JobOut, url_name="job_status")
@@ -106,7 +111,7 @@ def job_detail(request: AuthenticatedRequest, job_id: str) -> dict[str, Any]:
     job = Job.objects.visible_to(request.auth).filter(id=key).first()
     if job is None:
         raise HttpError(404, "No such job")
-    return job_status(job)
+    return job_documents([job])[0]
 
 
 # --- GET /api/jobs/: the caller's jobs ---------------------------------------------------------
@@ -114,7 +119,6 @@ LIST_LIMIT = 50
 # Enough for a dashboard page, small enough that one request cannot make the API read and
 # serialize an unbounded part of the ledger.
 LIST_LIMIT_MAX = 200
-_CURSOR_SALT = "jobs.web.api.job_list.cursor"
 # An unencoded "+01:00" in a query string arrives as " 01:00"; put the plus sign back.
 _SPACED_OFFSET = re.compile(r" (\d{2}:?\d{2})$")
 
@@ -124,65 +128,11 @@ class JobPageOut(Schema):
     next_cursor: str | None
 
 
-def listed_jobs(
-    viewer: Any,
-    *,
-    owner: Any = None,
-    state: str | None = None,
-    task: str | None = None,
-    queue: str | None = None,
-    since: datetime | None = None,
-    after: tuple[datetime, uuid.UUID] | None = None,
-) -> QuerySet[Job]:
-    """The jobs GET /api/jobs/ lists, newest first by (enqueued_at, id): the viewer's own
-    (staff: everyone's, or `owner`'s), strictly after the position `after` when given.
-
-    A user's list (and staff's `owner=`) is served by job_owner_list_idx (owner, enqueued_at
-    DESC, id DESC) in the response's order: a page, first or 400th, reads `limit` entries and
-    stops (0.1 ms on 100,000 rows). Staff's list of everyone's jobs has no index of its own
-    (a scan and top-N sort, 40 ms on 100,000 rows): one on (enqueued_at, id) would add an entry
-    to every state change's non-HOT UPDATE, and tempts the planner to walk it for an owner's
-    list too, filtering other owners' rows out.
-    """
-    jobs = Job.objects.visible_to(viewer)
-    if owner is not None:
-        jobs = jobs.filter(owner=owner)
-    if state:
-        jobs = jobs.filter(state=state)
-    if task:
-        jobs = jobs.filter(task_name=task)
-    if queue:
-        jobs = jobs.filter(queue=queue)
-    if since is not None:
-        jobs = jobs.filter(enqueued_at__gte=since)
-    if after is not None:
-        at, key = after
-        # `enqueued_at <= at` is what the index scan starts from (an index condition, so a
-        # later page does not walk the pages before it); the OR only breaks ties at `at`.
-        jobs = jobs.filter(
-            Q(enqueued_at__lt=at) | Q(enqueued_at=at, id__lt=key), enqueued_at__lte=at
-        )
-    return jobs.order_by("-enqueued_at", "-id")
-
-
-def cursor_for(job: Job) -> str:
-    """An opaque, signed position after `job` in the list (tampering makes it invalid)."""
-    return signing.dumps([job.enqueued_at.isoformat(), str(job.id)], salt=_CURSOR_SALT)
-
-
 def _position(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
-        at, key = signing.loads(cursor, salt=_CURSOR_SALT)
-        position = (datetime.fromisoformat(at), uuid.UUID(key))
-    except signing.BadSignature:
-        raise HttpError(
-            400,
-            "Invalid cursor: it was altered or not issued by this API; "
-            "pass next_cursor from the previous page unchanged.",
-        ) from None
-    except (TypeError, ValueError):
-        raise HttpError(400, "Invalid cursor: it does not name a position in the list.") from None
-    return position
+        return position(cursor)
+    except InvalidCursor as exc:
+        raise HttpError(400, str(exc)) from None
 
 
 def _since(value: str) -> datetime:
@@ -226,6 +176,17 @@ def job_list(
     request: AuthenticatedRequest,
     state: Annotated[str | None, Query(description="Only jobs in this state.")] = None,
     task: Annotated[str | None, Query(description="Only jobs of this task name.")] = None,
+    kind: Annotated[
+        str | None,
+        Query(description="Only jobs of this kind (the items' `kind`: Campaign, Video, ...)."),
+    ] = None,
+    top_level: Annotated[
+        bool,
+        Query(
+            description="Only jobs no other job started: a fan-out's jobs are then read "
+            'in their parent\'s `children` (the "My jobs" page lists so).'
+        ),
+    ] = False,
     queue: Annotated[str | None, Query(description="Only jobs sent to this queue.")] = None,
     since: Annotated[
         str | None,
@@ -242,23 +203,25 @@ def job_list(
     """The caller's jobs, newest first (staff: everyone's, or one owner's), each item as
     GET /api/jobs/{job_id}/ returns it. Follow next_cursor for the next page; it is null on the
     last one. A bad filter or cursor is a 400 that names it."""
-    if state and state not in JobState.values:
-        raise HttpError(400, f"Unknown state {state!r}; one of: {', '.join(JobState.values)}.")
+    if state and state not in LISTED_STATES:
+        raise HttpError(400, f"Unknown state {state!r}; one of: {', '.join(LISTED_STATES)}.")
     size = _limit(limit)
     jobs = listed_jobs(
         request.auth,
         owner=_owner(request.auth, owner) if owner else None,
         state=state or None,
         task=task or None,
+        kind=kind or None,
         queue=queue or None,
         since=_since(since) if since else None,
         after=_position(cursor) if cursor else None,
+        top_level=top_level,
     )
     page = list(jobs[: size + 1])
     more = len(page) > size
     page = page[:size]
     return {
-        "items": [job_status(job) for job in page],
+        "items": job_documents(page),
         "next_cursor": cursor_for(page[-1]) if more else None,
     }
 

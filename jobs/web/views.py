@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hmac
 import uuid
+from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -13,6 +15,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -26,6 +29,15 @@ from jobs.enqueue.submit import JobHandle
 from jobs.flow.cancellation import cancel
 from jobs.flow.deadletters import audit
 from jobs.models import Batch, Job
+from jobs.web.descriptions import kinds
+from jobs.web.listing import (
+    LISTED_STATES,
+    InvalidCursor,
+    cursor_for,
+    job_documents,
+    listed_jobs,
+    position,
+)
 from jobs.web.metrics import BacklotCollector
 from jobs.web.monitoring import health_report
 
@@ -171,19 +183,101 @@ def job_cancel_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 
 # The page shows as many jobs as one API page holds by default (GET /api/jobs/).
 MY_JOBS_SHOWN = 50
+# The "since" filter of "My jobs": a period back from when the page was opened.
+SINCE_CHOICES = {
+    "1h": ("the last hour", timedelta(hours=1)),
+    "24h": ("the last 24 hours", timedelta(days=1)),
+    "7d": ("the last 7 days", timedelta(days=7)),
+    "30d": ("the last 30 days", timedelta(days=30)),
+}
+# States in the order a fan-out's counts read ("28 succeeded, 2 queued"): the ones still
+# moving first.
+STATE_ORDER = (
+    JobState.RUNNING,
+    JobState.QUEUED,
+    JobState.SCHEDULED,
+    JobState.RETRYING,
+    WAITING_CHILDREN,
+    JobState.SUCCEEDED,
+    JobState.DEAD,
+    JobState.CANCELLED,
+)
+
+
+def children_summary(children: dict[str, Any]) -> list[str]:
+    """A fan-out's counts as "My jobs" reads them, one line per kind:
+    "Email (30): 28 succeeded, 2 queued" (the page's script writes the same lines)."""
+    lines = []
+    for kind, states in children["by_kind"].items():
+        ordered = sorted(states, key=lambda s: STATE_ORDER.index(s) if s in STATE_ORDER else 99)
+        total = sum(states.values())
+        lines.append(f"{kind} ({total}): " + ", ".join(f"{states[s]} {s}" for s in ordered))
+    return lines
 
 
 @login_required
 def job_list_page(request: HttpRequest) -> HttpResponse:
-    """The signed-in user's own jobs, newest first, each linking to its page; a script polls
-    GET /api/jobs/ every 2 s for live states (the page is complete without it)."""
-    jobs = (
-        Job.objects.visible_to(request.user)
-        .filter(owner_id=request.user.pk)  # staff too see their own here; everyone's is in admin
-        .order_by("-enqueued_at", "-id")[:MY_JOBS_SHOWN]
+    """The signed-in user's own jobs as what they did, newest first: each job no other job
+    started, named by its app (a campaign, a video: jobs.web.descriptions) with a link to its
+    page and to the job's, and under it the jobs it fanned out (a video's renditions listed,
+    a campaign's sends counted by state). Filters state, kind and since; pages of
+    MY_JOBS_SHOWN over the API's cursor; a script polls GET /api/jobs/ with the same filters
+    and cursor every 2 s for live states (the page is complete without it)."""
+    state = request.GET.get("state", "")
+    state = state if state in LISTED_STATES else ""
+    registered = kinds()
+    kind = request.GET.get("kind", "")
+    kind = kind if kind in registered else ""
+    since_key = request.GET.get("since", "")
+    since_key = since_key if since_key in SINCE_CHOICES else ""
+    since = timezone.now() - SINCE_CHOICES[since_key][1] if since_key else None
+    cursor = request.GET.get("cursor", "")
+    try:
+        after = position(cursor) if cursor else None
+    except InvalidCursor:
+        messages.warning(request, "That page link is not valid any more: the newest jobs follow.")
+        cursor, after = "", None
+    jobs = list(
+        listed_jobs(
+            request.user,
+            owner=request.user.pk,  # staff too see their own here; everyone's is in admin
+            state=state or None,
+            kind=kind or None,
+            since=since,
+            after=after,
+            # a kind's jobs are listed wherever they sit; else a fan-out sits under its parent
+            top_level=not kind,
+        )[: MY_JOBS_SHOWN + 1]
     )
+    more = len(jobs) > MY_JOBS_SHOWN
+    documents = job_documents(jobs[:MY_JOBS_SHOWN])
+    for document in documents:
+        if document["children"] is not None:
+            document["children"]["summary"] = children_summary(document["children"])
+    filters = {"state": state, "kind": kind, "since": since_key}
+    kept = {name: value for name, value in filters.items() if value}
+    older = urlencode({**kept, "cursor": cursor_for(jobs[MY_JOBS_SHOWN - 1])}) if more else ""
     # The list route sits next to the status route, in the namespace BACKLOT names for it.
     namespace = backlot_settings().STATUS_URL_NAME.rpartition(":")[0]
     list_url = reverse(f"{namespace}:job_list" if namespace else "job_list")
-    api_url = f"{list_url}?owner={request.user.pk}&limit={MY_JOBS_SHOWN}"
-    return render(request, "jobs/job_list.html", {"jobs": jobs, "api_url": api_url})
+    polled = {"owner": request.user.pk, "limit": MY_JOBS_SHOWN, "top_level": str(not kind).lower()}
+    polled.update({"state": state, "kind": kind} if kept else {})
+    polled = {name: value for name, value in polled.items() if value != ""}
+    if since is not None:
+        polled["since"] = since.isoformat()
+    if cursor:
+        polled["cursor"] = cursor
+    context = {
+        "documents": documents,
+        "api_url": f"{list_url}?{urlencode(polled)}",
+        "filters": filters,
+        "filtered": bool(kept),
+        "states": LISTED_STATES,
+        "kinds": list(registered),
+        "since_choices": [(key, label) for key, (label, _) in SINCE_CHOICES.items()],
+        "older_url": f"?{older}" if older else "",
+        "newest_url": f"?{urlencode(kept)}" if cursor else "",
+        # new jobs appear on top only on the first page (a later page is a fixed window)
+        "first_page": not cursor,
+    }
+    return render(request, "jobs/job_list.html", context)

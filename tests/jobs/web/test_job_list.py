@@ -227,7 +227,8 @@ def test_my_jobs_page_lists_own_jobs_with_links(
     assert f'href="/jobs/{mine.id}/"' in html
     assert 'data-field="state">running<' in html and "width: 75.0%" in html
     assert str(theirs.id) not in html
-    assert f'data-list-url="/api/jobs/?owner={alice.pk}&amp;limit=50"' in html
+    # the script polls the list API for what the page shows: jobs no other job started
+    assert f'data-list-url="/api/jobs/?owner={alice.pk}&amp;limit=50&amp;top_level=true"' in html
     assert 'href="/jobs/">My jobs</a>' in html  # the project's nav links to it
 
 
