@@ -55,9 +55,7 @@ def rows(html: str) -> list[str]:
 
 def fan_out(owner: Any, minutes_ago: float, children: int, **fields: Any) -> Job:
     """A succeeded parent and `children` jobs it started: the first 2 running, the rest done."""
-    parent = make_job(
-        owner, minutes_ago, task_name="tests.fan", state=JobState.SUCCEEDED, **fields
-    )
+    parent = make_job(owner, minutes_ago, task_name="tests.fan", state=JobState.SUCCEEDED, **fields)
     for n in range(children):
         make_job(
             owner,
@@ -128,7 +126,8 @@ def test_an_apps_describer_names_the_job_and_links_its_page(
 
     assert calls == [3]
     for job in jobs:
-        assert f'<a data-field="label" href="/orders/{job.args[0]}/">Order {job.args[0]}</a>' in html
+        number = job.args[0]
+        assert f'<a data-field="label" href="/orders/{number}/">Order {number}</a>' in html
         assert f'href="/jobs/{job.id}/">tests.add · {job.id}</a>' in html
     assert '<span class="kind">Order</span>' in html
     item = client.get("/api/jobs/").json()["items"][0]
@@ -148,7 +147,7 @@ def test_a_describer_that_raises_leaves_task_names(
     response = client.get("/jobs/")
 
     assert response.status_code == 200
-    assert f'<span data-field="label">tests.add</span>' in response.content.decode()
+    assert '<span data-field="label">tests.add</span>' in response.content.decode()
     assert "The describer of tests.add raised" in caplog.text
     assert str(job.id) in response.content.decode()
 

@@ -1,0 +1,59 @@
+"""How "My jobs" names the jobs of emails (emails.job_descriptions, registered through
+jobs.describe_jobs): a send by its subject and recipient, linking its campaign's page (the
+email page when it has none), an import and a campaign's finish by the campaign's name."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import pytest
+
+from emails import services
+from emails.models import CampaignRecipient, EmailMessage, RecipientImport
+from jobs.models import Job, JobState
+
+pytestmark = pytest.mark.django_db
+
+
+def labels(client: Any, kind: str) -> list[tuple[str, str]]:
+    """(link, text) of each job's name on "My jobs" filtered by `kind`."""
+    html = client.get("/jobs/", {"kind": kind}).content.decode()
+    return re.findall(r'<a data-field="label" href="(/[^"]*)">([^<]+)</a>', html)
+
+
+def test_sends_imports_and_finishes_read_as_their_campaign(client: Any, django_user_model: Any):
+    user = django_user_model.objects.create_user("namer", password="not-used-here")
+    campaign = services.campaign_create(
+        name="Autumn news",
+        template="campaign",
+        context={"headline": "News", "body": "Hello"},
+        owner=user,
+        recipients=[{"email": "ann@example.com"}],
+    )
+    in_campaign = EmailMessage.objects.create(
+        to="ann@example.com", subject="Autumn", template="campaign", owner=user
+    )
+    CampaignRecipient.objects.filter(campaign=campaign).update(email_message=in_campaign)
+    alone = EmailMessage.objects.create(
+        to="bo@example.com", subject="Hi Bo", template="campaign", owner=user
+    )
+    upload = RecipientImport.objects.create(campaign=campaign, file="x.csv", owner=user)
+    for task, args in (
+        ("emails.send", [in_campaign.pk]),
+        ("emails.send", [alone.pk]),
+        ("emails.recipients_import", [upload.pk]),
+        ("emails.campaign_done", [str(uuid.uuid4()), campaign.pk]),
+    ):
+        Job.objects.create(
+            task_name=task, args=args, queue="emails", owner=user, state=JobState.SUCCEEDED
+        )
+    client.force_login(user)
+    page = f"/emails/campaigns/{campaign.pk}/"
+
+    assert sorted(labels(client, "Email")) == sorted(
+        [(page, "Autumn → ann@example.com"), ("/emails/", "Hi Bo → bo@example.com")]
+    )
+    assert labels(client, "Import") == [(page, "Recipients for Autumn news")]
+    assert labels(client, "Campaign") == [(page, "Autumn news")]
