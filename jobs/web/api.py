@@ -84,7 +84,9 @@ class JobBaseOut(Schema):
 
 
 class JobChildrenOut(Schema):
-    total: int = Field(description="Jobs it started (a fan-out, a batch's members).")
+    total: int = Field(
+        description="Jobs it started: those it enqueued while it ran (a fan-out) and the callbacks of the batches it opened."
+    )
     active: int = Field(description="Of those, the ones that have not ended.")
     by_kind: dict[str, dict[str, int]] = Field(
         description='How many of each kind are in each state, e.g. {"Email": {"succeeded": 28}}.'
@@ -174,7 +176,13 @@ def _owner(viewer: Any, value: str) -> Any:
 @router.get("/", response=JobPageOut, url_name="job_list")
 def job_list(
     request: AuthenticatedRequest,
-    state: Annotated[str | None, Query(description="Only jobs in this state.")] = None,
+    state: Annotated[
+        str | None,
+        Query(
+            description="Only jobs in this state, as the items show it: succeeded leaves out, "
+            "and waiting_children picks, the succeeded jobs whose children have not all ended."
+        ),
+    ] = None,
     task: Annotated[str | None, Query(description="Only jobs of this task name.")] = None,
     kind: Annotated[
         str | None,
