@@ -26,7 +26,7 @@ def _campaign_url(campaign_id: int) -> str:
     return reverse("emails:campaign", kwargs={"campaign_id": campaign_id})
 
 
-def _by_campaign(jobs: Sequence[Any], index: int) -> dict[Any, JobDescription]:
+def _by_campaign(jobs: Sequence[Any], index: int, suffix: str = "") -> dict[Any, JobDescription]:
     wanted = {job.id: _arg(job, "campaign_id", index) for job in jobs}
     names = dict(
         Campaign.objects.filter(pk__in=[c for c in wanted.values() if c is not None]).values_list(
@@ -34,7 +34,7 @@ def _by_campaign(jobs: Sequence[Any], index: int) -> dict[Any, JobDescription]:
         )
     )
     return {
-        key: JobDescription(names[campaign_id], _campaign_url(campaign_id))
+        key: JobDescription(names[campaign_id] + suffix, _campaign_url(campaign_id))
         for key, campaign_id in wanted.items()
         if campaign_id in names
     }
@@ -45,7 +45,8 @@ def describe_fan_outs(jobs: Sequence[Any]) -> dict[Any, JobDescription]:
 
 
 def describe_campaign_finishes(jobs: Sequence[Any]) -> dict[Any, JobDescription]:
-    return _by_campaign(jobs, 1)  # a batch callback: (batch id, campaign id)
+    # a batch callback, (batch id, campaign id): it marks the campaign done
+    return _by_campaign(jobs, 1, suffix=": finish")
 
 
 def describe_sends(jobs: Sequence[Any]) -> dict[Any, JobDescription]:

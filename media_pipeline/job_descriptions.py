@@ -32,14 +32,14 @@ def _video_url(video_id: uuid.UUID) -> str:
     return reverse("media_pipeline:video_detail", kwargs={"video_id": video_id})
 
 
-def _by_video(wanted: dict[Any, uuid.UUID | None]) -> dict[Any, JobDescription]:
+def _by_video(wanted: dict[Any, uuid.UUID | None], suffix: str = "") -> dict[Any, JobDescription]:
     names = dict(
         Video.objects.filter(pk__in=[v for v in wanted.values() if v]).values_list(
             "pk", "original_name"
         )
     )
     return {
-        key: JobDescription(names[video_id] or f"video {video_id}", _video_url(video_id))
+        key: JobDescription((names[video_id] or f"video {video_id}") + suffix, _video_url(video_id))
         for key, video_id in wanted.items()
         if video_id in names
     }
@@ -50,9 +50,11 @@ def describe_processing(jobs: Sequence[Any]) -> dict[Any, JobDescription]:
 
 
 def describe_finishes(jobs: Sequence[Any]) -> dict[Any, JobDescription]:
-    # a batch callback (batch id, video id), or the video id alone (before batches)
+    # a batch callback (batch id, video id), or the video id alone (before batches): it
+    # settles the video (ready, or failed naming the failed formats)
     return _by_video(
-        {job.id: _video_id(_arg(job, "video_id", 1) or _arg(job, "first", 0)) for job in jobs}
+        {job.id: _video_id(_arg(job, "video_id", 1) or _arg(job, "first", 0)) for job in jobs},
+        suffix=": finish",
     )
 
 

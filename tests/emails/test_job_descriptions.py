@@ -56,4 +56,4 @@ def test_sends_imports_and_finishes_read_as_their_campaign(client: Any, django_u
         [(page, "Autumn → ann@example.com"), ("/emails/", "Hi Bo → bo@example.com")]
     )
     assert labels(client, "Import") == [(page, "Recipients for Autumn news")]
-    assert labels(client, "Campaign") == [(page, "Autumn news")]
+    assert labels(client, "Campaign") == [(page, "Autumn news: finish")]

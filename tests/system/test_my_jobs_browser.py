@@ -103,7 +103,7 @@ def test_my_jobs_with_a_campaign_and_a_video(
     expect(video_name).to_have_attribute("href", f"/videos/{video_id}/")
     members = page.locator(f'tr[data-children-of="{job_id}"] li')
     expect(members.locator('[data-field="label"]')).to_have_text(
-        ["360p of walk.mp4", "720p of walk.mp4", "walk.mp4"], timeout=DONE_WITHIN_MS
+        ["360p of walk.mp4", "720p of walk.mp4", "walk.mp4: finish"], timeout=DONE_WITHIN_MS
     )
     expect(members.locator('[data-field="state"]')).to_have_text(
         ["succeeded", "succeeded", "succeeded"], timeout=DONE_WITHIN_MS
