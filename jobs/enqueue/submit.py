@@ -227,6 +227,14 @@ def enqueue(
             joining.born_cancelled += 1
         return JobHandle(id=str(job.id), task_name=task.name)
 
+    publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN
+    if publishes:
+        # Inserted already marked published: the message goes right after (after commit), and
+        # a row marked by a second UPDATE cost the enqueue a round trip. A publish that fails
+        # puts it back in the outbox (below); one lost with its process after the commit is
+        # found missing from Redis by the relay's reconcile (jobs.flow.relay, MISSING_AFTER).
+        # Long delays wait in the ledger, unpublished; the relay publishes them when due.
+        job.published_at = now
     if idempotency_key:
         ttl = timedelta(seconds=conf.IDEMPOTENCY_TTL)
         holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
@@ -245,11 +253,12 @@ def enqueue(
             return JobHandle(id=str(job.id), task_name=task.name, created=False)
     if joining is not None:
         joining.added += 1
-    publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN
 
     def accepted() -> None:
-        if publishes:  # long delays wait in the ledger; the relay publishes them when due
-            publish_job(job=job, task=task, options=publish_options)
+        if publishes and not publish_job(
+            job=job, task=task, options=publish_options, mark_published=False
+        ):
+            ledger.unpublish(job.id)  # the broker is away: the relay publishes it
         _announce(job)
 
     _on_commit_or_now(on_commit, accepted)

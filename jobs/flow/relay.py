@@ -15,7 +15,7 @@ from typing import Any
 
 from billiard.exceptions import WorkerLostError
 from django.db import DatabaseError
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
@@ -80,11 +80,13 @@ def job_relay(*, limit: int = 500) -> int:
             lost_after=RELAY_LOST_AFTER,
             queue=queue,
         )
-    _resend_missing(now, skip=waiting)
+    missing = _resend_missing(now, skip=waiting)
     skipped = sorted(_unknown_tasks)
+    # The outbox: rows whose publish failed or whose message was lost, past the grace an
+    # enqueue's own publish after commit may take; those just found missing from Redis at once.
     pending = list(
         Job.objects.unpublished()
-        .filter(enqueued_at__lt=now - RELAY_GRACE)
+        .filter(Q(enqueued_at__lt=now - RELAY_GRACE) | Q(id__in=missing))
         .exclude(task_name__in=skipped)
         .order_by("enqueued_at")[:limit]
     ) + list(Job.objects.due(now).exclude(task_name__in=skipped).order_by("scheduled_for")[:limit])
@@ -103,21 +105,26 @@ MISSING_RESENT = "backlot:metrics:missing_resent"
 # A waiting job published (and due) this long ago whose message Redis holds nowhere is sent
 # again. The check reads what Redis holds, so it needs no long margin: by then a message is in
 # its list, in a worker's unacked hash, or its job runs; a copy re-sent in error (one popped
-# the instant of the read) is dropped at claim.
-MISSING_AFTER = timedelta(seconds=10)
+# the instant of the read) is dropped at claim. An enqueue inserts its row marked published
+# (jobs.enqueue.submit), so a process that dies between its commit and its publish leaves a
+# job only this finds: within MISSING_AFTER + MISSING_EVERY + one RELAY_INTERVAL (4 + 4 + 5 s
+# by default) of the crash it is sent again (tests/system/faults/test_commit_publish.py).
+MISSING_AFTER = timedelta(seconds=4)
 MISSING_SCAN = "backlot:relay:missing-scan:"  # + queue: the throttle of that read
-MISSING_EVERY = 10
+MISSING_EVERY = 4
 
 
-def _resend_missing(now: datetime, *, skip: set[str]) -> int:
+def _resend_missing(now: datetime, *, skip: set[str]) -> list[str]:
     """Back into the outbox: waiting jobs past their time, published MISSING_AFTER ago,
     whose message is in none of their queue's lists and in no worker's hands. Such a message
     was lost: most often popped by a consumer killed before it recorded the message as taken
     (kombu's BRPOP, then its `unacked` write: two steps), or dropped by a Redis restart without
     AOF or a FLUSHALL. The idle-queue reconcile above cannot see it while any other message is
     unacknowledged anywhere, which on a working cluster is always; the visibility-timeout one
-    waits 2 h. Queues of more than broker.MAX_SCANNED messages are left to those."""
-    resent = 0
+    waits 2 h. Queues of more than broker.MAX_SCANNED messages are left to those. Returns the
+    ids put back (the sweep publishes them at once)."""
+    resent: list[str] = []
+    count = 0
     for queue in backlot_settings().QUEUES:
         if queue in skip:
             continue  # its jobs wait at their gates (jobs.broker.slots), not in the broker's lists
@@ -138,13 +145,14 @@ def _resend_missing(now: datetime, *, skip: set[str]) -> int:
         missing = [str(job_id) for job_id in suspects if str(job_id) not in held]
         if not missing:
             continue
-        resent += ledger.republish(
+        count += ledger.republish(
             now=now,
             published_before=now - MISSING_AFTER,
             lost_after=MISSING_AFTER,
             queue=queue,
             job_ids=missing,
         )
+        resent += missing  # (those claimed meanwhile stay published: the sweep skips them)
         logger.warning(
             "relay: %d job(s) of queue %s waiting past their time have no message in Redis "
             "(e.g. %s); sending them again",
@@ -152,9 +160,9 @@ def _resend_missing(now: datetime, *, skip: set[str]) -> int:
             queue,
             missing[0],
         )
-    if resent:
+    if count:
         with contextlib.suppress(RedisError):
-            redis_client().incrby(MISSING_RESENT, resent)
+            redis_client().incrby(MISSING_RESENT, count)
     return resent
 
 

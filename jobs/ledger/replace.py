@@ -75,7 +75,7 @@ def take_over(job: Job) -> bool:
         "trace_context": job.trace_context,
         "state": JobState.SCHEDULED if job.scheduled_for else target("take_over"),
         "scheduled_for": job.scheduled_for,
-        "published_at": None,
+        "published_at": job.published_at,  # marked when its enqueue publishes it at once
         "attempts": 0,
         "failures": [],
         "error": "",

@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs.broker.broker import queue_keys as broker_queue_keys
@@ -42,6 +43,37 @@ def test_enqueue_writes_the_ledger_row_and_publishes(clean_redis, admin_user):
     assert job.published_at is not None
     assert messages_waiting() == 1
     assert handle.status_url == f"/api/jobs/{handle.id}/"
+
+
+def test_an_enqueue_writes_the_ledger_once(clean_redis):
+    # when a job is enqueued outside a transaction (autocommit: its INSERT commits alone)
+    with CaptureQueriesContext(connection) as queries:
+        handle = tasks.prioritized.enqueue("k", "once")
+
+    # then its one write is the INSERT of a row already marked published; the message is out
+    writes = [
+        q["sql"].lstrip().split(" ", 1)[0].upper()
+        for q in queries.captured_queries
+        if q["sql"].lstrip().split(" ", 1)[0].upper() in ("INSERT", "UPDATE", "DELETE")
+    ]
+    assert writes == ["INSERT"]
+    assert Job.objects.get(id=handle.id).published_at is not None
+    assert messages_waiting() == 1
+
+
+def test_a_publish_that_fails_leaves_the_job_in_the_outbox(clean_redis, monkeypatch):
+    # given a broker that refuses the publish (jobs.broker.broker.publish answers False)
+    monkeypatch.setattr("jobs.broker.broker.publish", lambda **kwargs: False)
+
+    # when a job is enqueued
+    handle = tasks.prioritized.enqueue("k", "refused")
+
+    # then its row waits unpublished, and the relay's outbox sweep publishes it
+    job = Job.objects.get(id=handle.id)
+    assert job.state == JobState.QUEUED and job.published_at is None
+    monkeypatch.undo()
+    Job.objects.filter(id=handle.id).update(enqueued_at=timezone.now() - timedelta(minutes=1))
+    assert job_relay() == 1 and messages_waiting() == 1
 
 
 def test_rollback_sends_nothing(clean_redis):
