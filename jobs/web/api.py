@@ -85,7 +85,8 @@ class JobBaseOut(Schema):
 
 class JobChildrenOut(Schema):
     total: int = Field(
-        description="Jobs it started: those it enqueued while it ran (a fan-out) and the callbacks of the batches it opened."
+        description="Jobs it started: those it enqueued while it ran (a fan-out) and the "
+        "callbacks of the batches it opened."
     )
     active: int = Field(description="Of those, the ones that have not ended.")
     by_kind: dict[str, dict[str, int]] = Field(
