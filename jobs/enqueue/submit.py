@@ -32,6 +32,7 @@ from jobs.core.options import (
 from jobs.core.payload import payload_check
 from jobs.core.policies import RetryPolicy
 from jobs.core.states import JobState
+from jobs.enqueue.routing import job_queue
 from jobs.models import Job
 
 
@@ -187,7 +188,7 @@ def enqueue(
             "worker cannot see yet; enqueue after the transaction, or keep on_commit=True"
         )
     conf = backlot_settings()
-    queue = check_queue(queue or task.queue_name)
+    queue = check_queue(job_queue(task, args, kwargs, queue))
     check_arguments(task, args, kwargs)
     payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=conf.MAX_PAYLOAD_BYTES)
     priority = check_priority(task.default_priority if priority is None else priority)
@@ -366,7 +367,10 @@ def enqueue_many(
         check_arguments(task, args, kwargs)
         payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
         rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
-    queue = check_queue(queue or task.queue_name) if task.track else queue or task.queue_name
+    # routed by the first call's arguments (a fan-out's calls share one queue)
+    first_args, first_kwargs = calls[0] if calls else ((), {})
+    queue = job_queue(task, first_args, first_kwargs, queue)
+    queue = check_queue(queue) if task.track else queue
     carrier = tracing.job_published(queue=queue, task=task.name, count=len(rows))
     if task.track:
         prototype = Job(

@@ -89,7 +89,7 @@ class AdoptedTask(PlatformTask):
         cls.max_retries = cls.policy.max_attempts - 1
         queue = declared.get("queue")
         if isinstance(queue, str) and queue:
-            cls.queue_name = queue
+            cls.queue_name, cls.queue_declared = queue, True
         else:
             queues = backlot_settings().QUEUES
             cls.queue_name = "default" if "default" in queues else queues[0]
@@ -107,6 +107,7 @@ class AdoptedTask(PlatformTask):
             super().delay_on_commit(*args, **kwargs)
 
     def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
+            cls.queue_declared = False  # CELERY_TASK_ROUTES may route it (jobs.enqueue.routing)
         if not self.adopted:
             DjangoTask.apply_async_on_commit(self, *args, **kwargs)  # type: ignore[arg-type]
         else:

@@ -43,6 +43,7 @@ from jobs.core.exceptions import BacklotError, UnknownTask
 from jobs.core.options import check_priority, check_queue
 from jobs.core.payload import payload_check
 from jobs.core.states import ACTIVE_STATES, JobState
+from jobs.enqueue.routing import job_queue
 from jobs.enqueue.submit import publish_job
 from jobs.flow.cancellation import cancel_many
 from jobs.flow.deadletters import BulkOutcome, dead_letter_replay_many
@@ -100,7 +101,7 @@ def _callback(kind: str, signature: Any) -> dict[str, Any] | None:
         "task": name,
         "args": args,
         "kwargs": kwargs,
-        "queue": check_queue(options.get("queue") or task.queue_name),
+        "queue": check_queue(job_queue(task, args, kwargs, options.get("queue"))),
         "priority": check_priority(task.default_priority if priority is None else priority),
         "max_attempts": task.policy.max_attempts,
     }

@@ -4,7 +4,8 @@
 below, the project's value silently breaks the platform (a non-Redis broker: the worker cannot
 connect and the relay cannot see its queues; another result backend: ``AsyncResult.get()`` of a
 @job waits forever; pickle; acks on receipt: a crashed worker loses its job; queues without
-Backlot's: nothing consumes them). ``manage.py check`` reports each as jobs.E010 (see
+Backlot's: nothing consumes them; a route to a queue Backlot does not declare: every enqueue of
+its tasks is refused). ``manage.py check`` reports each as jobs.E010 (see
 jobs.web.checks) and a worker refuses to start with them (jobs.worker.signals), each naming the
 setting and what to change. A project that means it lists the setting in
 ``BACKLOT["ALLOW_CELERY_SETTINGS"]``: it is then neither reported nor refused.
@@ -30,12 +31,19 @@ CHECKED = {
     "accept_content": "CELERY_ACCEPT_CONTENT",
     "task_acks_late": "CELERY_TASK_ACKS_LATE",
     "task_queues": "CELERY_TASK_QUEUES",
+    "task_routes": "CELERY_TASK_ROUTES",
 }
 # Read from the environment by Celery itself, before any setting (celery.app.utils.Settings).
 FROM_ENVIRONMENT = ("broker_url", "result_backend")
-# JSON only is a rule that protects users (docs/reliability.md): these are never allowed.
+# JSON only is a rule that protects users (docs/reliability.md), and a route to a queue that
+# Backlot does not declare fails every enqueue of its tasks: these are never allowed.
 NEVER_ALLOWED = frozenset(
-    {"CELERY_TASK_SERIALIZER", "CELERY_RESULT_SERIALIZER", "CELERY_ACCEPT_CONTENT"}
+    {
+        "CELERY_TASK_SERIALIZER",
+        "CELERY_RESULT_SERIALIZER",
+        "CELERY_ACCEPT_CONTENT",
+        "CELERY_TASK_ROUTES",
+    }
 )
 REDIS_SCHEMES = ("redis", "rediss", "sentinel")
 LEDGER_BACKEND = "jobs.worker.results:LedgerResultBackend"
@@ -143,6 +151,29 @@ def _conflicts_of(name: str, value: Any) -> Iterable[Conflict]:
                 "declares each with its ten priority lists).",
                 f"Delete {setting} and name the queues in BACKLOT['QUEUES'] instead. {allow}",
             )
+    elif name == "task_routes":
+        declared = set(backlot_settings().QUEUES)
+        unknown = sorted(set(_routed_queues(value)) - declared)
+        if unknown:
+            yield Conflict(
+                setting,
+                f"{setting} routes tasks to {', '.join(map(repr, unknown))}, not a queue of "
+                "BACKLOT['QUEUES']: every enqueue of those tasks is refused (Unknown queue) and "
+                "no worker consumes it.",
+                f"Add {', '.join(map(repr, unknown))} to BACKLOT['QUEUES'] (Backlot declares "
+                "each queue with its ten priority lists), or route those tasks to one of its "
+                "queues.",
+            )
+        unread = sorted(set(_unread_route_keys(value)))
+        if unread:
+            yield Conflict(
+                setting,
+                f"{setting} has routes with {', '.join(map(repr, unread))}: Backlot reads only a "
+                "route's 'queue' (a job's priority is its call's or its task's, and a message "
+                "goes to its queue's own exchange), so these would be ignored.",
+                "Keep {'queue': NAME} in each route; give a priority with priority= on the task "
+                "or the call.",
+            )
 
 
 def _broker_conflicts(setting: str, value: Any, allow: str) -> Iterable[Conflict]:
@@ -210,6 +241,33 @@ def _shown(value: Any) -> str:
 
 def _listed(value: Any) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value or ()]
+
+
+def _routed_queues(value: Any) -> Iterable[str]:
+    """The queues CELERY_TASK_ROUTES names where it can be read without calling anything: a
+    dict of names, globs or regexes to a queue's name, a dict with "queue" or a Queue, or a
+    list of such dicts (a router function or its dotted path answers only when called)."""
+    for routes in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(routes, Mapping):
+            continue
+        for route in routes.values():
+            queue = route.get("queue") if isinstance(route, Mapping) else route
+            name = getattr(queue, "name", queue)
+            if isinstance(name, str) and name:
+                yield name
+
+
+def _unread_route_keys(value: Any) -> Iterable[str]:
+    """Keys of CELERY_TASK_ROUTES' dict routes that Backlot does not read ('queue' it does; a
+    route without one is reported as its missing 'queue')."""
+    for routes in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(routes, Mapping):
+            continue
+        for route in routes.values():
+            if isinstance(route, Mapping):
+                yield from (key for key in route if key != "queue")
+                if "queue" not in route:
+                    yield "no 'queue'"
 
 
 def _queue_names(value: Any) -> set[str]:

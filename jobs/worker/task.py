@@ -84,6 +84,10 @@ class PlatformTask(CeleryTaskAPI[P, R]):
     track: bool = True
     queue_name: str = "default"  # not Celery's `queue` attribute, which 6.0 removes
     default_priority: int = 5
+    # Whether the declaration named queue_name (@job(queue=...), an adopted task's queue=): it
+    # then wins over CELERY_TASK_ROUTES, as a Celery task's queue attribute does
+    # (jobs.enqueue.routing).
+    queue_declared: bool = False
     cluster_rate_limit: str | Mapping[str, str] | None = None
     rate_key: RateKey | None = None
     # At most this many running at once per concurrency_key value, cluster-wide (jobs.broker.slots).

@@ -90,6 +90,46 @@ def test_json_only_cannot_be_let_through(settings):
     assert [p.id for p in problems if p.id == "jobs.E011"] == ["jobs.E011"]
 
 
+def test_a_route_to_a_queue_backlot_does_not_declare_is_an_error(settings):
+    settings.CELERY_TASK_ROUTES = {"tests.*": "celery", "tests.add": {"queue": "reports"}}
+    settings.BACKLOT = {**settings.BACKLOT, "ALLOW_CELERY_SETTINGS": ["CELERY_TASK_ROUTES"]}
+
+    problems = check_conflicting_celery_settings()
+
+    found = e010(problems)
+    assert list(found) == ["CELERY_TASK_ROUTES"]
+    assert (
+        "'celery'" in found["CELERY_TASK_ROUTES"] and "'reports'" not in found["CELERY_TASK_ROUTES"]
+    )
+    assert "Add 'celery' to BACKLOT['QUEUES']" in found["CELERY_TASK_ROUTES"]
+    # it cannot be let through: every enqueue of those tasks would be refused
+    assert [p.id for p in problems if p.id == "jobs.E011"] == ["jobs.E011"]
+
+
+def test_a_route_with_more_than_a_queue_is_an_error(settings):
+    settings.CELERY_TASK_ROUTES = {
+        "tests.*": {"queue": "reports", "priority": 3},
+        "tests.add": {"exchange": "media", "routing_key": "media"},
+    }
+
+    found = e010(check_conflicting_celery_settings())
+
+    assert list(found) == ["CELERY_TASK_ROUTES"]
+    for key in ("'priority'", "'exchange'", "'routing_key'", "no 'queue'"):
+        assert key in found["CELERY_TASK_ROUTES"]
+    assert "Keep {'queue': NAME} in each route" in found["CELERY_TASK_ROUTES"]
+
+
+def test_routes_to_backlots_queues_are_no_conflict(settings):
+    settings.CELERY_TASK_ROUTES = [
+        {"tests.*": {"queue": "reports"}, "tests.add": Queue("emails")},
+        "tests.support.routing_tasks.where",  # a router's dotted path: judged when called
+        lambda name, args, kwargs, options, task=None, **kw: "celery",
+    ]
+
+    assert check_conflicting_celery_settings() == []
+
+
 def test_manage_py_check_fails_on_a_conflict(settings):
     settings.CELERY_RESULT_BACKEND = "redis://127.0.0.1:6379/1"
 
