@@ -14,7 +14,14 @@ canvas / beat, a claim, status, dead letter and replay. Celery's own options map
   max_delay is raised to ``retry_backoff_max`` where that is longer; ``default_retry_delay``
   when the task declares it;
 - any other exception fails the job at once, as in Celery (it is a dead letter, replayable);
-- ``queue=``: the job's queue (BACKLOT['QUEUES'] must name it: ``manage.py check`` jobs.E003).
+- ``queue=``: the job's queue (BACKLOT['QUEUES'] must name it: ``manage.py check`` jobs.E003);
+  without one, ``CELERY_TASK_ROUTES`` routes it (jobs.enqueue.routing), else the default queue;
+- priorities are read on Celery's Redis scale, the one the project's code was written for (0
+  is consumed first, 9 last; kombu's Redis transport): the job's Backlot priority (9 first) is
+  ``9 - level``, for ``apply_async(priority=)`` / ``.set(priority=)`` / a beat entry's options,
+  ``self.retry(priority=)``, the task's ``priority=`` and, when the task declares none,
+  ``CELERY_TASK_DEFAULT_PRIORITY``; with none at all, kombu's default level 0, so Backlot's 9:
+  the project's tasks keep the order they had among themselves.
 
 Not adopted, left plain Celery tasks: ``@shared_task(backlot=False)`` (the per-task opt-out),
 Celery's own ``celery.*`` tasks (chord_unlock, backend_cleanup, ...), and tasks with a
@@ -35,6 +42,9 @@ from jobs.worker.task import PlatformTask
 
 # Celery's default max_retries (celery.app.task.Task.max_retries).
 CELERY_MAX_RETRIES = 3
+# kombu's Redis transport: levels 0 (consumed first) to 9; a message without one is level 0.
+REDIS_LEVELS = 9
+REDIS_DEFAULT_LEVEL = 0
 CELERY_NAMESPACE = "celery."
 
 
@@ -48,6 +58,12 @@ def adopted_policy(max_retries: Any, retry_backoff_max: Any) -> RetryPolicy:
         retry_on=(),
         max_delay=max(RetryPolicy.max_delay, longest),
     )
+
+
+def backlot_priority(level: Any) -> int:
+    """A Celery-on-Redis priority level (0 first; above 9 is 9, below 0 is 0, as kombu clamps)
+    as Backlot's priority (9 first)."""
+    return REDIS_LEVELS - max(0, min(REDIS_LEVELS, int(level)))
 
 
 class AdoptedTask(PlatformTask):
@@ -91,13 +107,22 @@ class AdoptedTask(PlatformTask):
         if isinstance(queue, str) and queue:
             cls.queue_name, cls.queue_declared = queue, True
         else:
+            cls.queue_declared = False  # CELERY_TASK_ROUTES may route it (jobs.enqueue.routing)
             queues = backlot_settings().QUEUES
             cls.queue_name = "default" if "default" in queues else queues[0]
+        level = declared.get("priority")
+        if level is None:  # Celery's default priority option, else kombu's default level
+            app = declared.get("app")
+            level = getattr(getattr(app, "conf", None), "task_default_priority", None)
+        cls.default_priority = backlot_priority(REDIS_DEFAULT_LEVEL if level is None else level)
 
     # A task that is not adopted is Celery's (DjangoTask's) on every path.
     def apply_async(self, *args: Any, **kwargs: Any) -> Any:
         if not self.adopted:
             return Task.apply_async(self, *args, **kwargs)
+        # the caller's, on Celery's Redis scale (the broker's own publish sends Redis' level)
+        if kwargs.get("priority") is not None and not kwargs.get("_backlot_internal"):
+            kwargs["priority"] = backlot_priority(kwargs["priority"])
         return super().apply_async(*args, **kwargs)
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:
@@ -107,7 +132,6 @@ class AdoptedTask(PlatformTask):
             super().delay_on_commit(*args, **kwargs)
 
     def apply_async_on_commit(self, *args: Any, **kwargs: Any) -> None:
-            cls.queue_declared = False  # CELERY_TASK_ROUTES may route it (jobs.enqueue.routing)
         if not self.adopted:
             DjangoTask.apply_async_on_commit(self, *args, **kwargs)  # type: ignore[arg-type]
         else:
@@ -116,6 +140,8 @@ class AdoptedTask(PlatformTask):
     def retry(self, *args: Any, **kwargs: Any) -> Any:
         if not self.adopted:
             return Task.retry(self, *args, **kwargs)
+        if kwargs.get("priority") is not None:  # (without one, the retry keeps the job's)
+            kwargs["priority"] = backlot_priority(kwargs["priority"])
         return super().retry(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
