@@ -123,12 +123,16 @@ def _read_results(hub: Any, pipes: dict[int, Any], timeout: float) -> None:
         if entry is None:
             continue
         callback, args = entry
-        if isgenerator(callback):  # a message read in part: go on with it
-            try:
-                next(callback)
-            except StopIteration:
-                pass
-            except (OSError, EOFError):
-                hub.remove_reader(fd)
-        else:
-            callback(*args)
+        try:
+            if isgenerator(callback):  # a message read in part: go on with it
+                try:
+                    next(callback)
+                except StopIteration:
+                    pass
+                except (OSError, EOFError):
+                    hub.remove_reader(fd)
+            else:
+                callback(*args)
+        except Exception:  # raised out of a signal handler it would end the worker unclean
+            logger.exception("Soft shutdown: reading a pool process's result failed")
+            hub.remove_reader(fd)

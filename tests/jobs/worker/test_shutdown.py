@@ -7,8 +7,10 @@ import time
 
 from config.celery import app
 from jobs.broker.broker import queue_depths, unacknowledged
-from jobs.models import Job, JobState
-from tests.conftest import marks, wait_until
+from jobs.models import DeadLetter, Job, JobState
+from jobs.testing import Worker as PlatformWorker
+from tests.conftest import LOG_DIR, ROOT, marks, wait_until
+from tests.support.shutdown_tasks import fails_late
 from tests.support.tasks import slow_once
 
 
@@ -52,4 +54,41 @@ def test_a_worker_stops_when_its_running_job_ends(start_worker, clean_redis, tra
         f"the worker took {took:.1f} s to stop after a {JOB_SECONDS} s job"
     )
     # ... with its message acknowledged: nothing left in Redis to run it again
+    assert unacknowledged() == 0 and queue_depths(["reports"]) == {"reports": 0}
+
+
+def test_the_soft_shutdown_waits_for_the_last_running_job_and_records_each(
+    worker_env, clean_redis, transactional_db
+):
+    # given: two jobs running when SIGTERM comes, one failing after 1 s, one ending after 3 s
+    worker = PlatformWorker(
+        "config",
+        queues="reports",
+        concurrency=2,
+        name="soft-two",
+        env=worker_env,
+        cwd=ROOT,
+        log_dir=LOG_DIR,
+        extra_args=["-I", "tests.support.tasks,tests.support.shutdown_tasks",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"],
+    )  # fmt: skip
+    try:
+        failing = fails_late.enqueue("soft-two", 1.0)
+        slow = slow_once.using(queue="reports").enqueue("soft-two", JOB_SECONDS)
+        wait_until(lambda: len(marks("soft-two")) == 2, timeout=30, what="both jobs to start")
+
+        # when
+        worker.process.send_signal(signal.SIGTERM)
+        termed = time.monotonic()
+        code = worker.process.wait(timeout=60)
+    finally:
+        worker.stop()
+
+    # then: it stopped when the longer job ended, each outcome recorded and acknowledged
+    took = time.monotonic() - termed
+    assert (slow.job().state, slow.job().attempts) == (JobState.SUCCEEDED, 1)
+    assert (failing.job().state, failing.job().attempts) == (JobState.DEAD, 1)
+    assert DeadLetter.objects.filter(job_id_value=failing.id).count() == 1
+    assert code == 0, worker.output()[-3000:]
+    assert took < JOB_SECONDS + 7, f"the worker took {took:.1f} s to stop"
     assert unacknowledged() == 0 and queue_depths(["reports"]) == {"reports": 0}
