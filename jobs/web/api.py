@@ -180,8 +180,9 @@ def job_list(
     state: Annotated[
         str | None,
         Query(
-            description="Only jobs in this state, as the items show it: succeeded leaves out, "
-            "and waiting_children picks, the succeeded jobs whose children have not all ended."
+            description="Only jobs in this state as the items show it: a scheduled or "
+            "retrying job whose time has come is queued, a succeeded one whose children have "
+            "not all ended is waiting_children (not succeeded)."
         ),
     ] = None,
     task: Annotated[str | None, Query(description="Only jobs of this task name.")] = None,

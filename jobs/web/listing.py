@@ -18,7 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from django.core import signing
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
+from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
+from django.utils import timezone
 
 from jobs.core.states import ACTIVE_STATES, WAITING_CHILDREN, JobState
 from jobs.models import Job
@@ -47,8 +48,7 @@ def listed_jobs(
     """The jobs GET /api/jobs/ lists, newest first by (enqueued_at, id): the viewer's own
     (staff: everyone's, or `owner`'s), strictly after the position `after` when given;
     `top_level`: only jobs no other job started (a fan-out's children are in its document).
-    `state` is the state a user is shown: succeeded leaves out, and waiting_children picks,
-    the succeeded jobs whose children have not all ended.
+    `state` is the state a user is shown (shown_as).
 
     A user's list (and staff's `owner=`) is served by job_owner_list_idx (owner, enqueued_at
     DESC, id DESC) in the response's order: a page, first or 400th, reads `limit` entries and
@@ -60,12 +60,8 @@ def listed_jobs(
     jobs = Job.objects.visible_to(viewer)
     if owner is not None:
         jobs = jobs.filter(owner=owner)
-    if state in (JobState.SUCCEEDED, WAITING_CHILDREN):
-        working = Exists(Job.objects.filter(parent_id=OuterRef("id"), state__in=ACTIVE_STATES))
-        jobs = jobs.filter(working if state == WAITING_CHILDREN else ~working)
-        jobs = jobs.filter(state=JobState.SUCCEEDED)
-    elif state:
-        jobs = jobs.filter(state=state)
+    if state:
+        jobs = jobs.filter(shown_as(state))
     if task:
         jobs = jobs.filter(task_name=task)
     if kind:
@@ -84,6 +80,27 @@ def listed_jobs(
             Q(enqueued_at__lt=at) | Q(enqueued_at=at, id__lt=key), enqueued_at__lte=at
         )
     return jobs.order_by("-enqueued_at", "-id")
+
+
+def shown_as(state: str) -> Q:
+    """The jobs Job.shown_state shows in `state`: a scheduled or retrying job whose time has
+    come is queued; a succeeded one is waiting_children while a job it started is active, and
+    cancelled when a cancel stopped its children after it finished (children_cancelled)."""
+    now = timezone.now()
+    due = Q(state__in=(JobState.SCHEDULED, JobState.RETRYING), scheduled_for__lte=now)
+    working = Q(Exists(Job.objects.filter(parent_id=OuterRef("id"), state__in=ACTIVE_STATES)))
+    stopped = Q(state=JobState.SUCCEEDED, cancel_requested_at__gt=F("finished_at"))
+    if state == JobState.QUEUED:
+        return Q(state=JobState.QUEUED) | due
+    if state in (JobState.SCHEDULED, JobState.RETRYING):
+        return Q(state=state) & ~due
+    if state == JobState.CANCELLED:
+        return Q(state=JobState.CANCELLED) | stopped
+    if state == WAITING_CHILDREN:
+        return Q(state=JobState.SUCCEEDED) & ~stopped & working
+    if state == JobState.SUCCEEDED:
+        return Q(state=JobState.SUCCEEDED) & ~stopped & ~working
+    return Q(state=state)
 
 
 def cursor_for(job: Job) -> str:

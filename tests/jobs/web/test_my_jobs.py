@@ -181,6 +181,31 @@ def test_filters_state_kind_and_since(client: Any, alice: Any, registry: None) -
     assert "kind=Fan" in html and "state=dead" in html and "top_level=false" in html
 
 
+def test_the_state_filter_picks_the_state_the_user_sees(client: Any, alice: Any) -> None:
+    # given: a retry whose time has come (shown queued), one still waiting (retrying), and a
+    # fan-out whose children a cancel stopped after it had finished (shown cancelled)
+    due = make_job(alice, 3, state=JobState.RETRYING, scheduled_for=NOW - timedelta(minutes=1))
+    later = make_job(alice, 2, state=JobState.RETRYING, scheduled_for=NOW + timedelta(hours=1))
+    stopped = make_job(
+        alice,
+        1,
+        state=JobState.SUCCEEDED,
+        finished_at=NOW - timedelta(seconds=30),
+        cancel_requested_at=NOW,
+    )
+    client.force_login(alice)
+
+    def listed(state: str) -> list[str]:
+        return [i["job_id"] for i in client.get("/api/jobs/", {"state": state}).json()["items"]]
+
+    assert listed("queued") == [str(due.id)]
+    assert listed("retrying") == [str(later.id)]
+    assert listed("cancelled") == [str(stopped.id)]
+    assert listed("succeeded") == []
+    for job_id, state in ((due.id, "queued"), (later.id, "retrying"), (stopped.id, "cancelled")):
+        assert client.get(f"/api/jobs/{job_id}/").json()["state"] == state
+
+
 def test_pages_follow_the_cursor(client: Any, alice: Any) -> None:
     from jobs.web.views import MY_JOBS_SHOWN
 
