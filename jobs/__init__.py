@@ -31,6 +31,8 @@ _EXPORTS = {
     "AlreadyFinished": "jobs.core.exceptions",
     "JobCancelled": "jobs.core.exceptions",
     "LeaseLost": "jobs.core.exceptions",
+    "StepOrderChanged": "jobs.core.exceptions",
+    "StepResultTooLarge": "jobs.core.exceptions",
     "RetryPolicy": "jobs.core.policies",
     "DEFAULT_POLICY": "jobs.core.policies",
     "DEFAULT_RETRY_ON": "jobs.core.policies",
@@ -91,6 +93,8 @@ __all__ = [
     "ReplayError",
     "RetryPolicy",
     "Retryable",
+    "StepOrderChanged",
+    "StepResultTooLarge",
     "UnknownTask",
     "acting_as",
     "backlot_settings",
@@ -148,6 +152,8 @@ if TYPE_CHECKING:
         LeaseLost,
         PayloadTooLarge,
         ReplayError,
+        StepOrderChanged,
+        StepResultTooLarge,
         UnknownTask,
     )
     from jobs.core.masking import mask_email, mask_text, mask_value

@@ -54,3 +54,14 @@ class LeaseLost(BacklotError):
         super().__init__(f"Job {job_id}: this run lost its claim ({reason})")
         self.job_id = job_id
         self.reason = reason
+
+
+class StepOrderChanged(BacklotError):
+    """A job asked for its steps in another order than its stored history (its code changed
+    between runs, or a step's name is not deterministic): the job gives up (no retry) rather
+    than hand a step another step's stored result."""
+
+
+class StepResultTooLarge(PayloadTooLarge):
+    """A step returned a value over BACKLOT['MAX_PAYLOAD_BYTES'] as JSON, or not JSON at all:
+    store the data elsewhere and return its id."""

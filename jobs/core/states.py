@@ -22,6 +22,7 @@ does not allow changes nothing. tests/jobs/core/test_states.py walks the table a
     run_cancelled    running                                cancelled (its run stopped)
     replace          running (this run's attempt)           scheduled, never due, until taken over
     take_over        scheduled (a replaced row)             queued, or scheduled when delayed
+    sleep            running (this run's attempt)           scheduled (durable sleep, no attempt)
 
     * once due (scheduled_for has come)   † only once its lease has lapsed
 
@@ -122,6 +123,8 @@ TRANSITIONS: dict[str, Transition] = _table(
     # waits (scheduled, never due) until that signature's task of the same id takes it over.
     Transition("replace", (JobState.RUNNING,), JobState.SCHEDULED),
     Transition("take_over", (JobState.SCHEDULED,), JobState.QUEUED),
+    # A durable sleep (self.sleep()): the run ends, the row waits for its wake-up time.
+    Transition("sleep", (JobState.RUNNING,), JobState.SCHEDULED),
 )
 
 

@@ -40,6 +40,14 @@ from jobs.ledger.run import (
     retry_later,
     succeed,
 )
+from jobs.ledger.steps import (
+    sleep,
+    sleep_ended,
+    step_failed,
+    step_started,
+    step_succeeded,
+    steps_copied,
+)
 
 __all__ = [
     "BULK_BATCH",
@@ -77,6 +85,12 @@ __all__ = [
     "request_cancel",
     "retry_later",
     "run_cancelled",
+    "sleep",
+    "sleep_ended",
+    "step_failed",
+    "step_started",
+    "step_succeeded",
+    "steps_copied",
     "succeed",
     "take_over",
     "unpublish",

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from jobs.core.states import DeadLetterStatus
 from jobs.ledger import batch
+from jobs.ledger.steps import steps_copied
 from jobs.models import DeadLetter, Job
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any
     if job_id is not None:
         Job.objects.filter(id=job_id).update(replay_of=dead_letter)
         batch.member_replayed(dead_letter=dead_letter, job_id=job_id)
+        # its finished steps are not run again (jobs.worker.steps)
+        steps_copied(pairs=[(dead_letter.job_id_value, job_id)])
     DeadLetter.objects.filter(pk=dead_letter.pk, status=DeadLetterStatus.DEAD).update(
         status=DeadLetterStatus.REPLAYED,
         replayed_job_id=job_id,
@@ -38,6 +41,9 @@ def dead_letters_replayed(*, pks: Sequence[int], by: Any = None) -> int:
     """From dead to replayed for many rows in one UPDATE; each row's new job is the newest
     job whose replay_of points at it."""
     batch.members_replayed(pks=pks)
+    steps_copied(  # each new job keeps its dead job's finished steps (jobs.worker.steps)
+        pairs=Job.objects.filter(replay_of_id__in=pks).values_list("replay_of__job_id_value", "id")
+    )
     return DeadLetter.objects.filter(pk__in=pks, status=DeadLetterStatus.DEAD).update(
         status=DeadLetterStatus.REPLAYED,
         replayed_job_id=Subquery(

@@ -27,7 +27,7 @@ from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable, JobCancelled, LeaseLost
 from jobs.core.policies import RetryDecision, RetryRequested, TimeLimitHit
 from jobs.models import Job
-from jobs.worker import outcomes
+from jobs.worker import outcomes, parking
 from jobs.worker.lease import holding, refused, renewer
 from jobs.worker.redelivery import Runnable, request_priority, request_queue, resend
 
@@ -132,6 +132,9 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
         outcomes.released_lost_run(task, attempt)
     except JobCancelled:
         outcomes.stopped_on_request(task, args, kwargs, attempt, time.monotonic() - started)
+        raise Ignore() from None
+    except parking.Parked as sleep:  # a durable sleep (jobs.worker.steps): no attempt spent
+        parking.parked(task, args, kwargs, attempt, sleep, time.monotonic() - started)
         raise Ignore() from None
     except Ignore:  # the job decided it has nothing (more) to do
         if not getattr(request, "backlot_replaced", False):  # Task.replace() wrote its row

@@ -28,7 +28,7 @@ from jobs.core.states import FINISHED_STATES, JobState
 from jobs.enqueue import submit as enqueuing
 from jobs.enqueue.submit import JobHandle
 from jobs.models import Job
-from jobs.worker import execution, outcomes
+from jobs.worker import execution, outcomes, steps
 from jobs.worker.celery_task import CeleryTaskAPI
 from jobs.worker.progress import ProgressThrottle
 
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 RateKey = Callable[[tuple, dict], Any] | str
 # enqueue() options a caller may pass with using(), or (untyped) to enqueue() itself.
@@ -307,6 +308,38 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         asked = outcomes.cancel_seen(str(request.id))
         request._backlot_cancelled = asked  # type: ignore[attr-defined]
         return asked
+
+    def step(
+        self, name: str, fn: Callable[..., T] | None = None, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(*args, **kwargs)`` as the job's step `name`: once per job. Its JSON result
+        is stored (fenced by the run's claim); a retry, a redelivery after a crash or a dead
+        letter's replay gets the stored result back without running it (jobs.worker.steps).
+
+        Without `fn`, a decorator: ``@self.step("query")`` over a function makes each call of
+        it the step. Names must be deterministic, asked for in the same order on every run.
+        """
+        if fn is None:
+
+            def decorate(function: Callable[..., T]) -> Callable[..., T]:
+                def as_step(*call_args: Any, **call_kwargs: Any) -> T:
+                    result: T = steps.run_step(self, name, function, call_args, call_kwargs)
+                    return result
+
+                return as_step
+
+            return decorate
+        return steps.run_step(self, name, fn, args, kwargs)
+
+    def sleep(self, duration: timedelta | float, *, name: str | None = None) -> None:
+        """A durable sleep: the run ends without holding a worker, the job is scheduled for
+        now + `duration` (seconds or a timedelta) and resumes at its next step (the steps
+        before it are not run again). Not a failed attempt: max_attempts is not spent."""
+        steps.sleep_for(self, duration, name)
+
+    def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
+        """A durable sleep until `when` (an aware datetime); see sleep()."""
+        steps.sleep_until(self, when, name)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         request = self.request

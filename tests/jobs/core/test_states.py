@@ -97,6 +97,15 @@ WRITES: dict[str, Callable[[Job], Any]] = {
     "run_cancelled": lambda job: ledger.run_cancelled(job_id=str(job.id)),
     "replace": lambda job: ledger.replace(job_id=str(job.id), attempt=1),
     "take_over": take_over,
+    "sleep": lambda job: ledger.sleep(
+        job_id=str(job.id),
+        name="sleep-1",
+        position=0,
+        wake_at=timezone.now() + timedelta(hours=1),
+        attempt=1,
+        lease_owner=None,
+        run_seconds=0.1,
+    ),
 }
 
 
