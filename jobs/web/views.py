@@ -29,7 +29,7 @@ from jobs.enqueue.submit import JobHandle
 from jobs.flow.cancellation import cancel
 from jobs.flow.deadletters import audit
 from jobs.models import Batch, Job
-from jobs.web.descriptions import kinds
+from jobs.web.descriptions import describe, kind_of, kinds
 from jobs.web.listing import (
     LISTED_STATES,
     InvalidCursor,
@@ -103,6 +103,9 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
         "batch": batch,
         "batch_url": _batch_url(batch) if batch is not None else "",
         "timeline": attempt_timeline(job),
+        # what the job is about, as its app names it (jobs.web.descriptions), as in "My jobs"
+        "description": describe([job]).get(job.id),
+        "kind": kind_of(job.task_name),
     }
     return render(request, "jobs/job_detail.html", context)
 

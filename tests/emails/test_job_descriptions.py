@@ -57,3 +57,20 @@ def test_sends_imports_and_finishes_read_as_their_campaign(client: Any, django_u
     )
     assert labels(client, "Import") == [(page, "Recipients for Autumn news")]
     assert labels(client, "Campaign") == [(page, "Autumn news: finish")]
+
+
+def test_the_job_page_names_the_campaign(client: Any, django_user_model: Any) -> None:
+    user = django_user_model.objects.create_user("pager", password="not-used-here")
+    campaign = services.campaign_create(
+        name="Winter news", template="campaign", context={"headline": "N", "body": "B"}, owner=user
+    )
+    job = Job.objects.create(
+        task_name="emails.campaign_fan_out", args=[campaign.pk], queue="emails", owner=user
+    )
+    client.force_login(user)
+
+    html = client.get(f"/jobs/{job.id}/").content.decode()
+
+    described = html.split('id="described"', 1)[1].split("</p>", 1)[0]
+    assert '<span class="muted">Campaign</span>' in described
+    assert f'<a href="/emails/campaigns/{campaign.pk}/">Winter news</a>' in described
