@@ -7,6 +7,7 @@ The same documents through GET /api/jobs/ (top_level, kind, children)."""
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -18,8 +19,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import JobDescription, describe_jobs
+from jobs.ledger import NewRow, insert_many
 from jobs.models import Job, JobState
 from jobs.web import descriptions
+from jobs.web.listing import listed_jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -242,3 +245,44 @@ def test_the_api_lists_top_level_jobs_with_their_children(client: Any, alice: An
     assert len(client.get("/api/jobs/").json()["items"]) == 4
     waiting = client.get("/api/jobs/", {"state": "waiting_children"}).json()["items"]
     assert [i["job_id"] for i in waiting] == [str(small.id)]
+
+
+def test_the_top_level_page_is_served_by_its_index_past_100k_sends(alice: Any) -> None:
+    # given: 60 jobs of alice's own, then a campaign-like fan-out of 100,000 newer children
+    for n in range(60):
+        make_job(alice, minutes_ago=120 + n)
+    parent = make_job(alice, minutes_ago=60, task_name="tests.fan", state=JobState.SUCCEEDED)
+    for chunk in range(400):
+        prototype = Job(
+            task_name="tests.child",
+            queue="default",
+            owner=alice,
+            parent=parent,
+            state=JobState.SUCCEEDED,
+            enqueued_at=NOW - timedelta(seconds=3600 - chunk),
+        )
+        insert_many(
+            prototype=prototype,
+            rows=[NewRow(id=uuid.uuid4(), args=[n], kwargs={}) for n in range(250)],
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_job")
+
+    # when: the first page of jobs no job started, and the one after it
+    first = listed_jobs(alice, owner=alice.pk, top_level=True)[:51]
+    rows_first = list(first)
+    later = listed_jobs(
+        alice,
+        owner=alice.pk,
+        top_level=True,
+        after=(rows_first[-1].enqueued_at, rows_first[-1].id),
+    )[:51]
+
+    # then: both read job_owner_top_idx in the page's order, none walks the sends
+    for queryset in (first, later):
+        text = str(queryset.explain(analyze=True))
+        assert "Index Scan using job_owner_top_idx on jobs_job" in text, text
+        assert "Seq Scan" not in text and "Sort" not in text, text
+        print("\n" + text.splitlines()[-1])
+    assert rows_first[0].id == parent.id and len(rows_first) == 51
+    assert len(list(later)) == 10
