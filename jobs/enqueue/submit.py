@@ -389,6 +389,9 @@ def enqueue_many(
             if joining is not None:
                 joining.born_cancelled += len(rows)
             return [str(row.id) for row in rows]
+        # copied already marked published, as enqueue() inserts its row: no UPDATE of every
+        # row after the publish; those the broker did not take go back to the outbox below
+        prototype.published_at = prototype.enqueued_at
         ledger.insert_many(prototype=prototype, rows=rows)
         if joining is not None:
             joining.added += len(rows)
@@ -404,26 +407,23 @@ def enqueue_many(
             ]
             for job in waiting:
                 job.trace_context = carrier
-            parked = sorted(_parked(task, waiting, None))
-            for start in range(0, len(parked), ledger.BULK_BATCH) if task.track else ():
-                ledger.mark_published(parked[start : start + ledger.BULK_BATCH])
-            kept = set(parked)
+            kept = _parked(task, waiting, None)
             todo = [row for row in rows if str(row.id) not in kept]
             if not todo:
                 return
         messages = [(str(row.id), row.args, row.kwargs) for row in todo]
         sent = broker.publish_many(
-            task=task,
-            jobs=messages,
-            queue=queue,
-            priority=priority,
-            trace_context=carrier,
-            on_chunk=ledger.mark_published if task.track else None,
+            task=task, jobs=messages, queue=queue, priority=priority, trace_context=carrier
         )
-        if sent < len(todo) and not task.track:
+        if sent == len(todo):
+            return
+        if not task.track:
             raise BrokerUnavailable(
                 f"Broker unavailable: {len(todo) - sent} untracked {task.name} jobs not sent"
             )
+        unsent = [row.id for row in todo[sent:]]  # the relay publishes them
+        for start in range(0, len(unsent), ledger.BULK_BATCH):
+            ledger.unpublish(*unsent[start : start + ledger.BULK_BATCH])
 
     _on_commit_or_now(on_commit, publish)
     return [str(row.id) for row in rows]

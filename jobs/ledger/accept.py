@@ -164,10 +164,11 @@ def _published_sql(vendor: str) -> str:
     )
 
 
-def unpublish(job_id: str | uuid.UUID) -> int:
-    """Back into the outbox: a waiting job whose message its publisher could not hand over
-    (state unchanged, published_at cleared); the relay publishes it when it is due."""
-    return Job.objects.filter(id=job_id, state__in=sources("republish")).update(published_at=None)
+def unpublish(*job_ids: str | uuid.UUID) -> int:
+    """Back into the outbox: waiting jobs whose message their publisher could not hand over
+    (state unchanged, published_at cleared); the relay publishes them when they are due."""
+    rows = Job.objects.filter(id__in=job_ids, state__in=sources("republish"))
+    return rows.update(published_at=None)
 
 
 def lapsed_leases_requeued(*, now: datetime, max_crashes: int | None = None) -> int:

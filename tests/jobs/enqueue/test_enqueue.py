@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from jobs import enqueue_many
 from jobs.broker.broker import queue_keys as broker_queue_keys
 from jobs.broker.redis import redis_client
 from jobs.flow.relay import job_relay
@@ -74,6 +75,29 @@ def test_a_publish_that_fails_leaves_the_job_in_the_outbox(clean_redis, monkeypa
     monkeypatch.undo()
     Job.objects.filter(id=handle.id).update(enqueued_at=timezone.now() - timedelta(minutes=1))
     assert job_relay() == 1 and messages_waiting() == 1
+
+
+def test_a_fan_out_writes_its_rows_once(clean_redis):
+    # when many jobs are enqueued at once
+    with CaptureQueriesContext(connection) as queries:
+        ids = enqueue_many(tasks.prioritized, [(("k", f"bulk-{n}"), {}) for n in range(5)])
+
+    # then their rows are copied already marked published: no UPDATE after the publish
+    assert not [q for q in queries.captured_queries if "UPDATE" in q["sql"].upper()]
+    assert Job.objects.filter(id__in=ids, published_at__isnull=False).count() == 5
+    assert messages_waiting() == 5
+
+
+def test_a_fan_out_the_broker_takes_in_part_leaves_the_rest_in_the_outbox(clean_redis, monkeypatch):
+    # given a broker that takes the first 2 messages of 5 and fails
+    monkeypatch.setattr("jobs.broker.broker.publish_many", lambda **kwargs: 2)
+
+    # when they are enqueued
+    ids = enqueue_many(tasks.prioritized, [(("k", f"part-{n}"), {}) for n in range(5)])
+
+    # then the 3 the broker did not take wait in the outbox, in order
+    unpublished = Job.objects.filter(id__in=ids, published_at__isnull=True)
+    assert sorted(str(i) for i in unpublished.values_list("id", flat=True)) == sorted(ids[2:])
 
 
 def test_rollback_sends_nothing(clean_redis):
