@@ -32,6 +32,7 @@ CHECKED = {
     "task_acks_late": "CELERY_TASK_ACKS_LATE",
     "task_queues": "CELERY_TASK_QUEUES",
     "task_routes": "CELERY_TASK_ROUTES",
+    "task_default_queue": "CELERY_TASK_DEFAULT_QUEUE",
 }
 # Read from the environment by Celery itself, before any setting (celery.app.utils.Settings).
 FROM_ENVIRONMENT = ("broker_url", "result_backend")
@@ -151,6 +152,16 @@ def _conflicts_of(name: str, value: Any) -> Iterable[Conflict]:
                 "declares each with its ten priority lists).",
                 f"Delete {setting} and name the queues in BACKLOT['QUEUES'] instead. {allow}",
             )
+    elif name == "task_default_queue" and value != default_queue():
+        yield Conflict(
+            setting,
+            f"{setting} is {_shown(value)}: Backlot sends a job whose task and call name no "
+            f"queue to {default_queue()!r} (the 'default' of BACKLOT['QUEUES'], else its first queue), "
+            "so the setting would be ignored.",
+            f"Delete {setting} and name your default queue 'default' in BACKLOT['QUEUES'], or "
+            "list it first there (without a 'default'). "
+            f"{allow}",
+        )
     elif name == "task_routes":
         declared = set(backlot_settings().QUEUES)
         unknown = sorted(set(_routed_queues(value)) - declared)
@@ -174,6 +185,12 @@ def _conflicts_of(name: str, value: Any) -> Iterable[Conflict]:
                 "Keep {'queue': NAME} in each route; give a priority with priority= on the task "
                 "or the call.",
             )
+
+
+def default_queue() -> str:
+    """Where a job goes when neither its task nor its call names a queue."""
+    queues = backlot_settings().QUEUES
+    return "default" if "default" in queues else queues[0]
 
 
 def _broker_conflicts(setting: str, value: Any, allow: str) -> Iterable[Conflict]:

@@ -41,6 +41,7 @@ def test_the_reference_settings_have_no_conflict():
         ("CELERY_RESULT_SERIALIZER", "yaml", "JSON only"),
         ("CELERY_TASK_ACKS_LATE", False, "lost"),
         ("CELERY_TASK_QUEUES", [Queue("celery")], "'default'"),
+        ("CELERY_TASK_DEFAULT_QUEUE", "celery", "would be ignored"),
     ],
 )
 def test_a_conflicting_setting_is_an_error_naming_it_and_what_to_change(
@@ -61,6 +62,7 @@ def test_settings_backlot_agrees_with_are_no_conflict(settings):
     settings.CELERY_TASK_ACKS_LATE = True
     settings.CELERY_RESULT_BACKEND = "jobs.worker.results:LedgerResultBackend"
     settings.CELERY_TASK_QUEUES = [Queue(name) for name in settings.BACKLOT["QUEUES"]]
+    settings.CELERY_TASK_DEFAULT_QUEUE = "default"
 
     assert check_conflicting_celery_settings() == []
 
