@@ -192,14 +192,31 @@ def exception_arguments(exc: BaseException) -> list[Any] | None:
     return json.loads(text) if len(text) <= MAX_EXCEPTION_ARGS_BYTES else None
 
 
-def _failure_entry(attempt: int, exc: BaseException, when: datetime) -> dict[str, Any]:
+def _failure_entry(
+    attempt: int,
+    exc: BaseException,
+    when: datetime,
+    *,
+    run_seconds: float | None = None,
+    worker: str | None = None,
+    retry_in: float | None = None,
+) -> dict[str, Any]:
+    """One failed attempt as the job's `failures` keep it (the job page's timeline): when it
+    started (from its run time) and ended, on which worker, what it raised, and the delay
+    before the next attempt when it is retried."""
     name, message = describe_exception(exc)
-    entry = {
+    entry: dict[str, Any] = {
         "attempt": attempt,
         "at": when.isoformat(),
         "exception": name,
         "message": message[:1000],
     }
+    if run_seconds is not None:
+        entry["started"] = (when - timedelta(seconds=run_seconds)).isoformat()
+    if worker:
+        entry["worker"] = worker[:200]
+    if retry_in is not None:
+        entry["retry_in"] = round(retry_in, 3)
     arguments = exception_arguments(exc)
     if arguments is not None:
         entry["args"] = arguments
@@ -219,6 +236,7 @@ def retry_later(
     args: list[Any] | None = None,
     kwargs: dict[str, Any] | None = None,
     publishing: bool = False,
+    worker: str | None = None,
 ) -> datetime | None:
     """From running to retrying: record the failed attempt and when the next is due; None when
     this run no longer holds the claim (nothing is written then). `args`/`kwargs`, when given,
@@ -249,7 +267,12 @@ def retry_later(
         failed_at=now,
         run_seconds=run_seconds,
         error=f"{name}: {message}",
-        failures=[*failures, _failure_entry(attempt, exc, now)][-MAX_FAILURES_KEPT:],
+        failures=[
+            *failures,
+            _failure_entry(
+                attempt, exc, now, run_seconds=run_seconds, worker=worker, retry_in=delay
+            ),
+        ][-MAX_FAILURES_KEPT:],
     )
     return due if updated else None
 
@@ -297,6 +320,7 @@ def give_up(
     claimed_attempt: int | None = None,
     tracked: bool = True,
     lease_owner: str | None = None,
+    worker: str | None = None,
 ) -> DeadLetter | None:
     """From active to dead, with its dead letter, in one transaction.
 
@@ -320,7 +344,8 @@ def give_up(
                 "Job %s: run %s lost its claim; not writing a dead letter", job_id, claimed_attempt
             )
             return None
-        history = (failures or []) + [_failure_entry(attempt, exc, now)]
+        last = _failure_entry(attempt, exc, now, run_seconds=run_seconds, worker=worker)
+        history = (failures or []) + [last]
         if job is not None:
             job.state = target("give_up")
             job.finished_at = job.failed_at = now

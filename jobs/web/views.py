@@ -111,18 +111,21 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
 
 
 def attempt_timeline(job: Job) -> list[dict[str, Any]]:
-    """The job's attempts, oldest first: each failed one from the ledger's `failures` (when it
-    failed, the exception's class and message, emails masked), then the last one (its start,
-    end and outcome) when it is not one of those; a retrying job's entry says when it runs
-    again. The ledger keeps no per-attempt start or worker for the failed ones."""
+    """The job's attempts, oldest first: each failed one from the ledger's `failures` (its
+    start and end, the worker, the exception's class and message with emails masked, and the
+    delay before the next attempt), then the last one (its start, end and outcome) when it is
+    not one of those; a retrying job's entry says when it runs again. (Entries written before
+    the start, worker and delay were recorded show a dash there.)"""
     rows: list[dict[str, Any]] = [
         {
             "attempt": entry.get("attempt"),
-            "started_at": None,
+            "started_at": parse_datetime(str(entry.get("started") or "")),
             "ended_at": parse_datetime(str(entry.get("at") or "")),
+            "worker": str(entry.get("worker") or ""),
             "outcome": "failed",
             "error_class": entry.get("exception", ""),
             "error_message": mask_text(str(entry.get("message", ""))),
+            "retry_in": entry.get("retry_in"),
             "next_at": None,
         }
         for entry in job.failures or []
@@ -136,9 +139,11 @@ def attempt_timeline(job: Job) -> list[dict[str, Any]]:
                 "attempt": job.attempts,
                 "started_at": job.last_started_at or job.started_at,
                 "ended_at": job.finished_at,
+                "worker": "",
                 "outcome": job.shown_state(),
                 "error_class": "",
                 "error_message": "",
+                "retry_in": None,
                 "next_at": None,
             }
         )

@@ -268,6 +268,7 @@ def _schedule_retry(
             args=None if requested is None else list(args),
             kwargs=None if requested is None else dict(kwargs),
             publishing=held_by_broker,  # the row reads published: the relay sends no copy
+            worker=outcomes.worker_name(task),
         )
         if due is None:
             refused("retry", job_id, attempt)

@@ -137,6 +137,12 @@ def busy_database(task: Runnable, attempt: int) -> NoReturn:
     raise Reject("the database is busy (locked)", requeue=True)
 
 
+def worker_name(task: Runnable) -> str | None:
+    """The worker running this request (Celery's node name), for the job's timeline."""
+    hostname = getattr(task.request, "hostname", None)
+    return str(hostname) if hostname else None
+
+
 def give_up(
     task: Runnable,
     exc: BaseException,
@@ -167,6 +173,7 @@ def give_up(
         claimed_attempt=attempt if fenced else None,
         tracked=task.track,
         lease_owner=lease_owner(task) if fenced else owner,
+        worker=worker_name(task),
     )
     if dead_letter is None and (fenced or owner is not None) and task.track:
         lost(task, "dead", attempt)

@@ -1,6 +1,7 @@
 """The job page's timeline of attempts (jobs.web.views.attempt_timeline): a job that failed
 twice and then succeeded on a real worker shows three attempts, the failed ones with their
-error class and message, the last with its start, end and outcome."""
+start, end, worker, error class and message and retry delay, the last with its start, end and
+outcome."""
 
 from __future__ import annotations
 
@@ -35,5 +36,10 @@ def test_the_job_page_shows_each_attempt(worker, client, owner, unique):
     assert [number for number, _ in rows] == ["1", "2", "3"]
     for _, cells in rows[:2]:
         assert ">failed<" in cells and "<code>" in cells
+        # each failed attempt: its start and end, the worker that ran it, the retry's delay
+        assert cells.count("<time") >= 2
+        worker = re.search(r'data-field="worker">([^<]*)<', cells)
+        assert worker is not None and "@" in worker.group(1)  # Celery's node name
+        assert re.search(r'data-field="retry-in">after [\d.]+ s<', cells)
     last = rows[2][1]
     assert ">succeeded<" in last and last.count("<time") == 2  # started and ended
