@@ -200,8 +200,9 @@ def sleep_until(task: Any, when: datetime, name: str | None = None) -> None:
     if stored is not None and stored.state == StepState.SUCCEEDED:
         return
     wake_at = stored.wake_at if stored is not None and stored.wake_at is not None else when
-    # The resumed run may be claimed up to the claim's tolerance early (jobs.ledger.claim).
-    if wake_at <= timezone.now() + ledger.EARLY_TOLERANCE:
+    # A run claimed before the wake-up (within the claim's early tolerance, jobs.ledger.claim)
+    # sleeps again for what is left: a sleep never ends early.
+    if wake_at <= timezone.now():
         if stored is None:
             _write(
                 book.hold, ledger.step_started, "step", name=name, position=position, kind="sleep"

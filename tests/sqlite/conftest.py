@@ -55,7 +55,7 @@ class SQLiteWorker(PlatformWorker):
             log_dir=LOG_DIR,
             extra_args=[
                 "-I",
-                "tests.support.tasks,tests.sqlite.jobs",
+                "tests.support.tasks,tests.sqlite.jobs,tests.support.step_tasks",
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",

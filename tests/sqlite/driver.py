@@ -25,9 +25,10 @@ from django.utils import timezone  # noqa: E402 (after django.setup())
 
 from jobs import cancel, dead_letter_replay, enqueue_many, ledger  # noqa: E402
 from jobs.flow.relay import job_relay  # noqa: E402
-from jobs.models import DeadLetter, Job, JobState  # noqa: E402
+from jobs.models import DeadLetter, Job, JobState, JobStep  # noqa: E402
 from jobs.worker.registry import task_by_name  # noqa: E402
 from tests.sqlite import jobs as _sqlite_jobs  # noqa: E402,F401 (registers the suite's jobs)
+from tests.support import step_tasks as _step_tasks  # noqa: E402,F401 (the step jobs)
 from tests.support import tasks as _tasks  # noqa: E402,F401 (registers the test jobs)
 
 
@@ -41,6 +42,7 @@ def _row(job: Job) -> dict[str, Any]:
         "error": job.error,
         "published": job.published_at is not None,
         "replay_of": job.replay_of_id,
+        "result": job.result,
     }
 
 
@@ -98,6 +100,16 @@ def cancel_(job_id: str) -> dict[str, Any]:
     return {"state": done.state, "cancelled": done.cancelled, "requested": done.requested}
 
 
+def steps(job_id: str) -> dict[str, Any]:
+    """A job's durable steps in order: name, state, attempts, copied_from."""
+    return {
+        "steps": [
+            [s.name, s.state, s.attempts, None if s.copied_from is None else str(s.copied_from)]
+            for s in JobStep.objects.of_job(job_id)
+        ]
+    }
+
+
 def relay() -> dict[str, Any]:
     return {"sent": job_relay()}
 
@@ -125,6 +137,7 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "replay": replay,
     "cancel": cancel_,
     "relay": relay,
+    "steps": steps,
     "sqlite": sqlite,
     "groups": groups,
 }
