@@ -54,10 +54,10 @@ def listed_jobs(
     DESC, id DESC) in the response's order: a page, first or 400th, reads `limit` entries and
     stops (0.1 ms on 100,000 rows); with `top_level`, job_owner_top_idx (the same columns,
     over the rows without a parent) does, however many sends the user's campaigns fanned out
-    (0.09 ms past 100,000 of them; a Seq Scan of 91 ms before it). Staff's list of everyone's jobs has no index of its own
-    (a scan and top-N sort, 40 ms on 100,000 rows): one on (enqueued_at, id) would add an entry
-    to every state change's non-HOT UPDATE, and tempts the planner to walk it for an owner's
-    list too, filtering other owners' rows out.
+    (0.09 ms past 100,000 of them; a Seq Scan of 91 ms before it). Staff's list of everyone's
+    jobs has no index of its own (a scan and top-N sort, 40 ms on 100,000 rows): one on
+    (enqueued_at, id) would add an entry to every state change's non-HOT UPDATE, and tempts
+    the planner to walk it for an owner's list too, filtering other owners' rows out.
     """
     jobs = Job.objects.visible_to(viewer)
     if owner is not None:

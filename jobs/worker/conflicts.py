@@ -156,8 +156,8 @@ def _conflicts_of(name: str, value: Any) -> Iterable[Conflict]:
         yield Conflict(
             setting,
             f"{setting} is {_shown(value)}: Backlot sends a job whose task and call name no "
-            f"queue to {default_queue()!r} (the 'default' of BACKLOT['QUEUES'], else its first queue), "
-            "so the setting would be ignored.",
+            f"queue to {default_queue()!r} (the 'default' of BACKLOT['QUEUES'], else its "
+            "first queue), so the setting would be ignored.",
             f"Delete {setting} and name your default queue 'default' in BACKLOT['QUEUES'], or "
             "list it first there (without a 'default'). "
             f"{allow}",
