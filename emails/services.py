@@ -464,7 +464,8 @@ def campaign_cancel(*, campaign: Campaign, by: Any = None) -> int:
 
 
 def campaign_fan_out_gave_up(*, campaign_id: int, reason: str) -> bool:
-    """The fan-out job was dead-lettered: a sending campaign is failed, with the reason."""
+    """The fan-out job (or the batch's completion job) was dead-lettered: a sending campaign
+    is failed, with the reason."""
     campaign = Campaign.objects.filter(pk=campaign_id).first()
     return campaign is not None and campaign.mark_failed(error=reason[:2000])
 

@@ -53,6 +53,22 @@ def _campaign_cancelled(args: tuple, kwargs: dict) -> None:
     services.campaign_cancelled(campaign_id=int(kwargs.get("campaign_id") or args[0]))
 
 
+def _callback_campaign(args: tuple, kwargs: dict) -> int:
+    """The campaign of a batch callback: called as (batch id, campaign id)."""
+    return int(kwargs.get("campaign_id") or args[1])
+
+
+def _done_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.campaign_fan_out_gave_up(
+        campaign_id=_callback_campaign(args, kwargs),
+        reason=f"the completion job gave up: {type(exc).__name__}: {exc}",
+    )
+
+
+def _done_cancelled(args: tuple, kwargs: dict) -> None:
+    services.campaign_cancelled(campaign_id=_callback_campaign(args, kwargs))
+
+
 @job(
     name="emails.send",
     queue="emails",
@@ -95,6 +111,8 @@ def campaign_fan_out_job(self: Any, campaign_id: int) -> int:
     name="emails.campaign_done",
     queue="emails",
     retry=RetryPolicy(max_attempts=5, base_delay=5),
+    on_dead=_done_gave_up,
+    on_cancelled=_done_cancelled,
 )
 def campaign_done_job(batch_id: str, campaign_id: int) -> str:
     """The campaign batch's on_complete callback (fires once): the campaign is done."""

@@ -290,6 +290,14 @@ def video_finish(*, video_id: str) -> Video:
     return video
 
 
+def video_settle_gave_up(*, video_id: str, error: str) -> None:
+    """The settling job (video_finish as the renditions' batch callback) gave up: a video it
+    left transcoding is failed with the error (a settled one stays as it is)."""
+    video = Video.objects.filter(pk=video_id).first()
+    if video is not None and video.mark_transcode_failed(error=error):
+        logger.info("Video %s failed: its settling job gave up", video.id)
+
+
 def rendition_give_up(*, rendition_id: int, error: str) -> Video:
     """A transcode job gave up: its rendition is failed (even if the job was killed before it
     could say so) and the video is settled if nothing else still runs."""

@@ -7,7 +7,8 @@ video_process_job ──> batch( rendition_transcode_job x formats ) ──> vid
 Thin: each unpacks ids and calls media_pipeline.services (which never import this); each
 keeps the Celery name it was registered under. Cancelling the processing job cancels the
 transcodes it started and their settling job (jobs.cancel follows Job.parent); each job's
-on_cancelled hook marks its rows cancelled.
+on_cancelled hook marks its rows cancelled, each on_dead hook marks them failed with the reason
+(the settling job's hooks read the video id after the batch id).
 """
 
 from __future__ import annotations
@@ -49,6 +50,22 @@ def _transcode_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
 
 def _video_cancelled(args: tuple, kwargs: dict) -> None:
     services.video_cancelled(video_id=str(kwargs.get("video_id") or args[0]))
+
+
+def _settled_video(args: tuple, kwargs: dict) -> str:
+    """The video of a settling job: (batch id, video id) as a batch callback, (video id) as a
+    chord's callback sent before the renditions moved onto batches."""
+    return str(kwargs.get("video_id") or (args[1] if len(args) > 1 else args[0]))
+
+
+def _settling_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.video_settle_gave_up(
+        video_id=_settled_video(args, kwargs), error=f"the settling job gave up: {_reason(exc)}"
+    )
+
+
+def _settling_cancelled(args: tuple, kwargs: dict) -> None:
+    services.video_cancelled(video_id=_settled_video(args, kwargs))
 
 
 def _uploader(args: tuple, kwargs: dict) -> Any:
@@ -134,7 +151,8 @@ def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
     name="media_pipeline.video_finish",
     queue="media",
     time_limit=120,
-    on_cancelled=_video_cancelled,
+    on_dead=_settling_gave_up,
+    on_cancelled=_settling_cancelled,
 )
 def video_finish_job(first: str, video_id: str | None = None) -> str:
     """Mark the video ready, or failed naming the failed formats; returns its status. Called

@@ -24,7 +24,7 @@ from . import conf
 from .access import report_request_authorize
 from .exceptions import ReportInputError, ReportNotReady
 from .kinds import kind_spec
-from .models import Report, ReportOrigin, ReportStatus
+from .models import Report, ReportKind, ReportOrigin, ReportStatus
 from .rendering import pdf_file_name, pdf_write
 from .schemas import ReportRequest, params_parse
 
@@ -204,6 +204,41 @@ def report_cancelled(*, report_id: int) -> None:
     name = pdf_file_name(token=report.uid, year=created.year, month=created.month)
     if default_storage.exists(name):
         default_storage.delete(name)
+
+
+def report_email_stopped(*, report_id: int, reason: str, cancelled: bool = False) -> None:
+    """The email step was dead-lettered (or cancelled, `cancelled`): a ready report keeps its
+    PDF and says why it was not emailed; one that never got ready ends failed (or cancelled)
+    with the reason, like its render job would have left it."""
+    report = Report.objects.filter(pk=report_id).first()
+    if report is None:
+        return
+    if report.status == ReportStatus.READY:
+        report.mark_email_stopped(error=reason)
+    elif cancelled:
+        report_cancelled(report_id=report_id)
+    else:
+        report.mark_failed(error=reason)
+
+
+def report_schedule_failed(*, kind: str, days: int, zone: str, error: str) -> Report | None:
+    """The scheduled job gave up before it made its report: a failed report of the schedule
+    says so (operators see it in the report list and admin), unless `kind` is no report kind
+    (nothing could show it; the dead letter and the log keep the reason)."""
+    if kind not in ReportKind.values:
+        logger.warning("Scheduled report of unknown kind %r gave up: %s", kind, error)
+        return None
+    now = timezone.now()
+    report = Report.objects.create(
+        kind=kind,
+        params={"days": days, "timezone": zone},
+        origin=ReportOrigin.SCHEDULE,
+        status=ReportStatus.FAILED,
+        error=error[:2000],
+        finished_at=now,
+    )
+    logger.info("Scheduled %s report gave up; report %s records it", kind, report.pk)
+    return report
 
 
 def _recipient_key(report: Report, address: str) -> str:

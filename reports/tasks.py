@@ -1,7 +1,10 @@
 """Report jobs: thin wrappers that unpack ids and call reports.services (which never import this).
 
 Each `<thing>_job` keeps the Celery name it was registered under (reports.schedules names
-"reports.scheduled"), and hands the services the jobs they chain to.
+"reports.scheduled"), and hands the services the jobs they chain to. Each job's on_dead and
+on_cancelled hooks leave its report saying so: the render's fail or cancel the report, the email
+step's keep a ready report's PDF and say why it was not emailed, a dead scheduled run leaves a
+failed report of the schedule.
 """
 
 from __future__ import annotations
@@ -33,6 +36,32 @@ def _render_cancelled(args: tuple, kwargs: dict) -> None:
     services.report_cancelled(report_id=int(kwargs.get("report_id") or args[0]))
 
 
+def _email_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.report_email_stopped(
+        report_id=int(kwargs.get("report_id") or args[0]),
+        reason=f"the email step gave up: {type(exc).__name__}: {exc}",
+    )
+
+
+def _email_cancelled(args: tuple, kwargs: dict) -> None:
+    services.report_email_stopped(
+        report_id=int(kwargs.get("report_id") or args[0]),
+        reason="the email step was cancelled: the PDF was not emailed",
+        cancelled=True,
+    )
+
+
+def _scheduled_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    # (kind, days=1, timezone="UTC"), as reports.schedules sends them
+    named = dict(zip(("kind", "days", "timezone"), args, strict=False)) | kwargs
+    services.report_schedule_failed(
+        kind=str(named.get("kind", "")),
+        days=int(named.get("days", 1)),
+        zone=str(named.get("timezone", "UTC")),
+        error=f"the scheduled job gave up: {type(exc).__name__}: {exc}",
+    )
+
+
 # Measured: a year-long operations report over 100,000 ledger rows renders in ~0.8 s, a year
 # of sales in ~0.6 s (2-page PDFs); 5 minutes leaves room for a busy host and a far larger ledger.
 @job(
@@ -57,6 +86,8 @@ def report_render_job(self: Any, report_id: int) -> dict[str, Any]:
     retry=RetryPolicy(
         max_attempts=5, base_delay=5, max_delay=300, retry_on=(*DEFAULT_RETRY_ON, OperationalError)
     ),
+    on_dead=_email_gave_up,
+    on_cancelled=_email_cancelled,
 )
 def report_email_job(report_id: int) -> int:
     return services.report_email(report_id=report_id, send_job=email_send_job)
@@ -68,6 +99,9 @@ def report_email_job(report_id: int) -> int:
     bind=True,
     time_limit=60,
     retry=RetryPolicy(max_attempts=3),
+    # No on_cancelled: a scheduled run writes its report and enqueues its render in one
+    # transaction, so a cancelled run has made nothing (and the render job has hooks of its own).
+    on_dead=_scheduled_gave_up,
 )
 def report_scheduled_job(self: Any, kind: str, days: int = 1, timezone: str = "UTC") -> int:
     """Started by celery beat (reports.schedules): make the report, render it, email it."""

@@ -148,7 +148,13 @@ class Report(models.Model):
         ),
     )
     error = models.TextField(
-        "error", blank=True, default="", help_text="Why rendering gave up, when it failed."
+        "error",
+        blank=True,
+        default="",
+        help_text=(
+            "Why rendering gave up, when it failed; on a ready report, why its email step did "
+            "not email the PDF."
+        ),
     )
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Requested.")
     started_at = models.DateTimeField(
@@ -281,5 +287,11 @@ class Report(models.Model):
         )
 
     def mark_emailed(self) -> bool:
-        """ready: the emails with the PDF attached were queued."""
-        return _move(self, [ReportStatus.READY], emailed_at=timezone.now())
+        """ready: the emails with the PDF attached were queued (an earlier email step's error,
+        e.g. before a replay, is cleared)."""
+        return _move(self, [ReportStatus.READY], emailed_at=timezone.now(), error="")
+
+    def mark_email_stopped(self, *, error: str) -> bool:
+        """ready: its email step was dead-lettered or cancelled; the PDF stays downloadable
+        and `error` says why it was not emailed (a replay of the step that succeeds clears it)."""
+        return _move(self, [ReportStatus.READY], error=error[:2000])

@@ -62,7 +62,12 @@ def test_a_field_over_the_csv_limit_fails_the_import_with_its_row(worker, client
         "reason": f"a field is longer than {limit} characters",
     }
     assert body["imported"] == 1  # the rows before it stay imported
-    assert Job.objects.get(pk=response.json()["job_id"]).state == JobState.DEAD
+    # (the job marks the row failed, then raises: its own end is recorded a moment later)
+    wait_until(
+        lambda: Job.objects.get(pk=response.json()["job_id"]).state == JobState.DEAD,
+        timeout=90,
+        what="the job to die",
+    )
 
 
 def test_a_line_that_is_not_utf8_fails_the_import_with_its_row(worker, client, draft):
