@@ -17,8 +17,39 @@ from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
 from jobs.core.masking import mask_value
 from jobs.flow.cancellation import cancel_many
 from jobs.flow.deadletters import audit, dead_letter_replay_many
-from jobs.models import DeadLetter, Job, JobState
+from jobs.models import DeadLetter, Job, JobState, JobStep
 from jobs.web.dashboard import dashboard_json, dashboard_view
+
+
+class JobStepInline(admin.TabularInline):
+    """A job's durable steps (jobs.worker.steps), read-only: what each did; the stored result
+    is shown by its size only (it may hold personal data)."""
+
+    model = JobStep
+    extra = 0
+    can_delete = False
+    ordering = ("position",)
+    fields = (
+        "position",
+        "name",
+        "kind",
+        "state",
+        "attempts",
+        "job_attempt",
+        "started_at",
+        "finished_at",
+        "wake_at",
+        "error",
+        "result_bytes",
+        "copied_from",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Job)
@@ -40,6 +71,7 @@ class JobAdmin(ReadOnlyAdmin):
     show_full_result_count = False
     paginator = EstimatedCountPaginator
     exclude = ("args", "kwargs")
+    inlines = (JobStepInline,)
     readonly_fields = [f.name for f in Job._meta.fields if f.name not in ("args", "kwargs")] + [
         "arguments"
     ]

@@ -28,6 +28,7 @@ from jobs.web.listing import (  # noqa: F401  (listed_jobs, job_status: re-expor
     job_status,
     listed_jobs,
     position,
+    step_documents,
 )
 
 if TYPE_CHECKING:
@@ -98,9 +99,31 @@ class JobChildrenOut(Schema):
     )
 
 
+class JobStepOut(Schema):
+    name: str
+    kind: str = Field(description="step, or sleep for a durable sleep.")
+    state: str = Field(description="running, succeeded, failed or sleeping.")
+    attempts: int = Field(description="How many times the step's function was started.")
+    job_attempt: int = Field(description="The job's attempt that last ran it.")
+    started_at: datetime
+    finished_at: datetime | None
+    duration_seconds: float | None
+    wake_at: datetime | None = Field(description="A sleep's end: when the job runs again.")
+    error: str | None = Field(description="Its last failure: exception class: message.")
+    result_bytes: int = Field(description="The size of its stored result, as JSON.")
+    copied_from: str | None = Field(
+        description="The dead job whose finished step this is (a dead letter's replay)."
+    )
+
+
 class JobOut(JobBaseOut):
     children: JobChildrenOut | None = Field(
         None, description="The jobs it started, or null when it started none."
+    )
+    steps: list[JobStepOut] | None = Field(
+        None,
+        description="Its durable steps (self.step, self.sleep), in its code's order, on a "
+        "job's own route; null in lists.",
     )
 
 
@@ -114,7 +137,9 @@ def job_detail(request: AuthenticatedRequest, job_id: str) -> dict[str, Any]:
     job = Job.objects.visible_to(request.auth).filter(id=key).first()
     if job is None:
         raise HttpError(404, "No such job")
-    return job_documents([job])[0]
+    document = job_documents([job])[0]
+    document["steps"] = step_documents(job)
+    return document
 
 
 # --- GET /api/jobs/: the caller's jobs ---------------------------------------------------------

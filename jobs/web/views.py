@@ -37,6 +37,7 @@ from jobs.web.listing import (
     job_documents,
     listed_jobs,
     position,
+    step_documents,
 )
 from jobs.web.metrics import BacklotCollector
 from jobs.web.monitoring import health_report
@@ -103,6 +104,7 @@ def job_page(request: HttpRequest, job_id: uuid.UUID) -> HttpResponse:
         "batch": batch,
         "batch_url": _batch_url(batch) if batch is not None else "",
         "timeline": attempt_timeline(job),
+        "steps": step_documents(job),
         # what the job is about, as its app names it (jobs.web.descriptions), as in "My jobs"
         "description": describe([job]).get(job.id),
         "kind": kind_of(job.task_name),

@@ -240,7 +240,10 @@ def test_the_api_lists_top_level_jobs_with_their_children(client: Any, alice: An
     assert item["children"]["total"] == 3 and item["children"]["active"] == 2
     assert item["children"]["by_kind"] == {"tests.child": {"running": 2, "succeeded": 1}}
     assert [c["state"] for c in item["children"]["items"]] == ["running", "running", "succeeded"]
-    assert item == client.get(f"/api/jobs/{small.id}/").json()
+    detail = client.get(f"/api/jobs/{small.id}/").json()
+    # the job's own route adds its durable steps (none here); a list leaves them out
+    assert detail.pop("steps") == [] and item.pop("steps") is None
+    assert item == detail
     # without top_level, the children are items too; waiting_children is a filter of its own
     assert len(client.get("/api/jobs/").json()["items"]) == 4
     waiting = client.get("/api/jobs/", {"state": "waiting_children"}).json()["items"]
