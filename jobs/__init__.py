@@ -33,6 +33,9 @@ _EXPORTS = {
     "LeaseLost": "jobs.core.exceptions",
     "StepOrderChanged": "jobs.core.exceptions",
     "StepResultTooLarge": "jobs.core.exceptions",
+    "StepTimeout": "jobs.core.exceptions",
+    "SignalRefused": "jobs.core.exceptions",
+    "signal": "jobs.flow.signals",
     "RetryPolicy": "jobs.core.policies",
     "DEFAULT_POLICY": "jobs.core.policies",
     "DEFAULT_RETRY_ON": "jobs.core.policies",
@@ -93,8 +96,10 @@ __all__ = [
     "ReplayError",
     "RetryPolicy",
     "Retryable",
+    "SignalRefused",
     "StepOrderChanged",
     "StepResultTooLarge",
+    "StepTimeout",
     "UnknownTask",
     "acting_as",
     "backlot_settings",
@@ -119,6 +124,7 @@ __all__ = [
     "pause",
     "paused_queues",
     "resume",
+    "signal",
     "throttle",
 ]
 
@@ -152,8 +158,10 @@ if TYPE_CHECKING:
         LeaseLost,
         PayloadTooLarge,
         ReplayError,
+        SignalRefused,
         StepOrderChanged,
         StepResultTooLarge,
+        StepTimeout,
         UnknownTask,
     )
     from jobs.core.masking import mask_email, mask_text, mask_value
@@ -175,6 +183,7 @@ if TYPE_CHECKING:
         dead_letter_replay,
         dead_letter_replay_many,
     )
+    from jobs.flow.signals import signal
     from jobs.web import throttle
     from jobs.web.descriptions import JobDescription, describe_jobs
     from jobs.worker.decorators import job

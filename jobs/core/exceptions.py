@@ -65,3 +65,13 @@ class StepOrderChanged(BacklotError):
 class StepResultTooLarge(PayloadTooLarge):
     """A step returned a value over BACKLOT['MAX_PAYLOAD_BYTES'] as JSON, or not JSON at all:
     store the data elsewhere and return its id."""
+
+
+class StepTimeout(BacklotError):
+    """Raised by self.wait_for() when its timeout passed before the event was signalled; the
+    job may catch it (a later run raises it again at the same place, as its history says)."""
+
+
+class SignalRefused(BacklotError):
+    """jobs.signal() refused the event: the job already got a signal of that name (the first
+    wins), or it has finished."""

@@ -41,6 +41,7 @@ from jobs.ledger.run import (
     succeed,
 )
 from jobs.ledger.steps import (
+    signal_sent,
     sleep,
     sleep_ended,
     step_failed,
@@ -85,6 +86,7 @@ __all__ = [
     "request_cancel",
     "retry_later",
     "run_cancelled",
+    "signal_sent",
     "sleep",
     "sleep_ended",
     "step_failed",

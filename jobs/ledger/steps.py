@@ -14,14 +14,14 @@ from datetime import datetime
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from jobs.core.states import sources, target
+from jobs.core.states import FINISHED_STATES, JobState, sources, target
 from jobs.ledger.busy import busy_retried
 from jobs.ledger.run import describe_exception, renew
-from jobs.models import Job, JobStep, StepState
+from jobs.models import Job, JobSignal, JobStep, StepState
 
 
 def _fenced(job_id: str, attempt: int, lease_owner: str | None, lease_seconds: float) -> bool:
@@ -139,9 +139,14 @@ def sleep(
     lease_owner: str | None,
     run_seconds: float,
     publishing: bool = False,
-) -> bool:
-    """From running to scheduled for `wake_at`, with the sleep's step, in one transaction; False
-    when this run no longer holds the claim (nothing written).
+    kind: str = "sleep",
+    event: str | None = None,
+) -> datetime | None:
+    """From running to scheduled for `wake_at`, with the sleep's step, in one transaction; None
+    when this run no longer holds the claim (nothing written), else the wake-up time.
+
+    `kind` "wait" (self.wait_for(event)): `wake_at` is its timeout, and a signal of `event`
+    already sent (jobs.signal, which locks the row as this UPDATE does) wakes it at once.
 
     Not a failed attempt: the claim counted this run as one, the sleep gives it back, so the
     run that resumes has this run's attempt number and max_attempts counts failures only.
@@ -160,14 +165,17 @@ def sleep(
             attempts=F("attempts") - 1,
             run_seconds=run_seconds,
         ):
-            return False
+            return None
+        if event is not None and JobSignal.objects.filter(job_id=job_id, name=event).exists():
+            wake_at = now  # signalled while it ran: it wakes at once
+            Job.objects.filter(id=job_id).update(scheduled_for=wake_at)
         JobStep.objects.update_or_create(
             job_id=job_id,
             name=name,
             defaults={"state": StepState.SLEEPING, "wake_at": wake_at, "job_attempt": attempt},
             create_defaults={
                 "position": position,
-                "kind": "sleep",
+                "kind": kind,
                 "state": StepState.SLEEPING,
                 "wake_at": wake_at,
                 "attempts": 1,
@@ -175,7 +183,34 @@ def sleep(
                 "started_at": now,
             },
         )
-    return True
+    return wake_at
+
+
+@busy_retried
+def signal_sent(*, job_id: str, name: str, payload: Any, step: str) -> str:
+    """Keep an event for a job, once per name: "missing" (no such job), "finished", "duplicate"
+    (the first signal of the name wins), "woke" (the job was parked in its wait `step`: it is
+    now due, its row left unpublished for the caller or the relay to send), or "kept" (for
+    when the job waits for it). Locks the job's row, as the park of a wait does."""
+    now = timezone.now()
+    with transaction.atomic():
+        job = Job.objects.select_for_update().only("state").filter(id=job_id).first()
+        if job is None:
+            return "missing"
+        if job.state in FINISHED_STATES:
+            return "finished"
+        try:
+            with transaction.atomic():
+                JobSignal.objects.create(job_id=job_id, name=name, payload=payload, sent_at=now)
+        except IntegrityError:
+            return "duplicate"
+        parked = JobStep.objects.filter(job_id=job_id, name=step, state=StepState.SLEEPING)
+        if job.state == JobState.SCHEDULED and parked.exists():
+            Job.objects.filter(id=job_id, state=JobState.SCHEDULED).update(
+                scheduled_for=now, published_at=None
+            )
+            return "woke"
+    return "kept"
 
 
 def steps_copied(*, pairs: Iterable[tuple[Any, Any]]) -> int:

@@ -13,7 +13,7 @@ from jobs.models.batch import CALLBACK_KINDS, Batch, BatchQuerySet
 from jobs.models.deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
 from jobs.models.job import Effect, IdempotencyRecord, Job, JobQuerySet
 from jobs.models.schedule import ScheduleFire, ScheduleFireQuerySet
-from jobs.models.step import JobStep, StepQuerySet, StepState
+from jobs.models.step import JobSignal, JobStep, StepQuerySet, StepState
 
 __all__ = [
     "ACTIVE_STATES",
@@ -33,6 +33,7 @@ __all__ = [
     "IdempotencyRecord",
     "Job",
     "JobQuerySet",
+    "JobSignal",
     "JobState",
     "JobStep",
     "ScheduleFire",

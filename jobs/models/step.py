@@ -96,3 +96,29 @@ class JobStep(models.Model):
         if self.finished_at is None:
             return None
         return (self.finished_at - self.started_at).total_seconds()
+
+
+class JobSignal(models.Model):
+    """An event sent to a job (jobs.signal): kept until the job waits for it (self.wait_for),
+    once per job and name: a second signal of the same name is refused."""
+
+    job = models.ForeignKey(
+        "jobs.Job",
+        on_delete=models.CASCADE,
+        related_name="signals",
+        verbose_name="job",
+        help_text="The job the event is for.",
+    )
+    name = models.CharField("name", max_length=200, help_text="The event's name.")
+    payload = models.JSONField("payload", null=True, blank=True, help_text="The event's data.")
+    sent_at = models.DateTimeField("sent", default=timezone.now, help_text="When it was sent.")
+
+    class Meta:
+        verbose_name = "job signal"
+        verbose_name_plural = "job signals"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "name"], name="jobs_signal_job_name_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}:{self.name}"

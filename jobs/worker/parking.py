@@ -27,7 +27,7 @@ def parked(
     job_id = outcomes.job_id_of(task)
     delay = (sleep.wake_at - timezone.now()).total_seconds()
     held_by_broker = delay <= backlot_settings().MAX_BROKER_COUNTDOWN
-    if not ledger.sleep(
+    wake_at = ledger.sleep(
         job_id=job_id,
         name=sleep.name,
         position=sleep.position,
@@ -36,13 +36,17 @@ def parked(
         lease_owner=outcomes.lease_owner(task),
         run_seconds=run_seconds,
         publishing=held_by_broker,
-    ):
+        kind=sleep.kind,
+        event=sleep.event,
+    )
+    if wake_at is None:
         refused("sleep", job_id, attempt)
         return
-    logger.info("Job %s sleeps until %s (%s)", job_id, sleep.wake_at.isoformat(), sleep.name)
-    if not held_by_broker:
+    logger.info("Job %s sleeps until %s (%s)", job_id, wake_at.isoformat(), sleep.name)
+    woke = wake_at < sleep.wake_at  # a wait signalled while it ran: due now, sent now
+    if not (held_by_broker or woke):
         return
     # The resumed run reads the same retry number: a sleep is not a failed attempt.
     options = {"retries": task.request.retries or 0}
-    if not resend(task, args, kwargs, sleep.wake_at, options, mark_published=False):
+    if not resend(task, args, kwargs, wake_at, options, mark_published=not held_by_broker):
         ledger.unpublish(job_id)  # the broker is away: the relay publishes it when due

@@ -41,9 +41,10 @@ from jobs.core.exceptions import (
     LeaseLost,
     StepOrderChanged,
     StepResultTooLarge,
+    StepTimeout,
 )
 from jobs.core.payload import json_problem
-from jobs.models import JobStep, StepState
+from jobs.models import JobSignal, JobStep, StepState
 from jobs.worker.lease import Hold, current, refused, renewer
 
 
@@ -51,12 +52,22 @@ class Parked(BacklotError):
     """Raised by self.sleep()/sleep_until() to end the run until `wake_at` (the worker's run
     catches it: the job is scheduled, not failed). A job must not catch it."""
 
-    def __init__(self, job_id: str, name: str, position: int, wake_at: datetime) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        name: str,
+        position: int,
+        wake_at: datetime,
+        kind: str = "sleep",
+        event: str | None = None,
+    ) -> None:
         super().__init__(f"Job {job_id} sleeps until {wake_at.isoformat()} (step {name!r})")
         self.job_id = job_id
         self.name = name
         self.position = position
         self.wake_at = wake_at
+        self.kind = kind  # "sleep", or "wait" for a wait_for(event) whose timeout is wake_at
+        self.event = event
 
 
 @dataclass
@@ -229,3 +240,52 @@ def sleep_for(task: Any, duration: timedelta | float, name: str | None = None) -
             sleep_until(task, stored.wake_at, name)
             return
     sleep_until(task, timezone.now() + timedelta(seconds=seconds), name)
+
+
+# A wait_for() without a timeout waits this long (the row is scheduled that far ahead).
+FOREVER = timedelta(days=365 * 100)
+
+
+def wait_step(event: str) -> str:
+    """The step name of a wait for `event` (jobs.signal finds the parked job by it)."""
+    return f"wait:{event}"
+
+
+def wait_for(task: Any, event: str, timeout: timedelta | float | None = None) -> Any:
+    """The payload of the job's signal `event` (jobs.signal), parking the job (no worker held)
+    until it comes; StepTimeout once `timeout` passed without it."""
+    if not event or len(event) > 190:
+        raise ValueError("an event's name must be 1-190 characters")
+    book = book_of(task)
+    if book is None:
+        raise ValueError(f"{task.name}: wait_for() needs a tracked job run by a worker")
+    name = wait_step(event)
+    position, stored = book.take(name, "wait")
+    if stored is not None and stored.state == StepState.SUCCEEDED:
+        return _waited(book.job_id, event, stored.result)
+    signal = JobSignal.objects.filter(job_id=book.job_id, name=event).first()
+    now = timezone.now()
+    if stored is not None and stored.wake_at is not None:
+        deadline = stored.wake_at
+    elif timeout is None:
+        deadline = now + FOREVER
+    else:
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        deadline = now + timedelta(seconds=seconds)
+    if signal is None and deadline > now:
+        raise Parked(book.job_id, name, position, deadline, kind="wait", event=event)
+    outcome = {"payload": signal.payload} if signal is not None else {"timed_out": True}
+    if stored is None:
+        _write(book.hold, ledger.step_started, "step", name=name, position=position, kind="wait")
+    _write(book.hold, ledger.step_succeeded, "step", name=name, result=outcome)
+    book.record(
+        JobStep(job_id=book.job_id, name=name, position=position, kind="wait",
+                state=StepState.SUCCEEDED, result=outcome)
+    )  # fmt: skip
+    return _waited(book.job_id, event, outcome)
+
+
+def _waited(job_id: str, event: str, outcome: Any) -> Any:
+    if isinstance(outcome, dict) and outcome.get("timed_out"):
+        raise StepTimeout(f"Job {job_id}: no signal {event!r} came before the wait's timeout")
+    return outcome.get("payload") if isinstance(outcome, dict) else None

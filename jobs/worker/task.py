@@ -341,6 +341,13 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         """A durable sleep until `when` (an aware datetime); see sleep()."""
         steps.sleep_until(self, when, name)
 
+    def wait_for(self, event: str, *, timeout: timedelta | float | None = None) -> Any:
+        """Park the job (no worker held) until ``jobs.signal(job_id, event, payload)``, and
+        return the payload; a signal sent before the wait is kept and returned at once. Raises
+        jobs.StepTimeout once `timeout` (seconds or a timedelta; None: no limit) has passed
+        without it. A step: a later run of the job gets the same payload back."""
+        return steps.wait_for(self, event, timeout)
+
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         request = self.request
         if request.called_directly or request.is_eager or not request.id:

@@ -23,7 +23,7 @@ django.setup()
 from django.db import connection, transaction  # noqa: E402 (after django.setup())
 from django.utils import timezone  # noqa: E402 (after django.setup())
 
-from jobs import cancel, dead_letter_replay, enqueue_many, ledger  # noqa: E402
+from jobs import cancel, dead_letter_replay, enqueue_many, ledger, signal  # noqa: E402
 from jobs.flow.relay import job_relay  # noqa: E402
 from jobs.models import DeadLetter, Job, JobState, JobStep  # noqa: E402
 from jobs.worker.registry import task_by_name  # noqa: E402
@@ -110,6 +110,10 @@ def steps(job_id: str) -> dict[str, Any]:
     }
 
 
+def signal_(job_id: str, name: str, payload: Any) -> dict[str, Any]:
+    return {"woke": signal(job_id, name, payload)}
+
+
 def relay() -> dict[str, Any]:
     return {"sent": job_relay()}
 
@@ -138,6 +142,7 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "cancel": cancel_,
     "relay": relay,
     "steps": steps,
+    "signal": signal_,
     "sqlite": sqlite,
     "groups": groups,
 }

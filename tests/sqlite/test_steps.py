@@ -4,6 +4,7 @@ replayed without them, and a durable sleep that resumes once."""
 
 from __future__ import annotations
 
+from jobs.testing import wait_until
 from tests.sqlite.conftest import SQLiteSite
 
 FINISHED = {"succeeded", "dead", "cancelled"}
@@ -58,3 +59,20 @@ def test_a_durable_sleep_resumes_once_on_sqlite(site: SQLiteSite, unique):
         "sleep-2",
         "after",
     ]
+
+
+def test_a_signal_wakes_a_waiting_job_on_sqlite(site: SQLiteSite, unique):
+    job_id = site.driver.enqueue("steps.waiter", unique)
+
+    def waiting() -> bool:
+        (row,) = site.driver.jobs([job_id])
+        return bool(row["state"] == "scheduled" and site.marks(f"{unique}:before"))
+
+    wait_until(waiting, timeout=60, interval=0.25, what="the job to wait")
+    assert site.driver("signal", job_id=job_id, name="approved", payload={"by": 7}) == {
+        "woke": True
+    }
+
+    (done,) = site.driver.wait_states([job_id], FINISHED, timeout=60)
+    assert (done["state"], done["result"], done["attempts"]) == ("succeeded", {"by": 7}, 1)
+    assert len(site.marks(f"{unique}:before")) == len(site.marks(f"{unique}:after")) == 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from jobs import RetryPolicy, job
+from jobs import RetryPolicy, StepTimeout, job
 from tests.support.tasks import mark
 
 QUICK_RETRIES = RetryPolicy(max_attempts=4, base_delay=0.2, factor=1.0, jitter=False)
@@ -90,3 +90,15 @@ def napper(self: Any, key: str, seconds: float) -> str:
 @job(name="steps.quick", queue="reports")
 def quick(key: str) -> None:
     mark(key)
+
+
+@job(name="steps.waiter", bind=True, queue="reports", retry=QUICK_RETRIES)
+def waiter(self: Any, key: str, timeout: float | None = None) -> Any:
+    """Waits for the signal "approved" between two steps; returns its payload."""
+    self.step("before", mark, f"{key}:before")
+    try:
+        payload = self.wait_for("approved", timeout=timeout)
+    except StepTimeout:
+        payload = "timed out"
+    self.step("after", mark, f"{key}:after")
+    return payload

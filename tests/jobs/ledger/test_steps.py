@@ -117,3 +117,31 @@ def test_a_bulk_replay_copies_the_finished_steps():
             ("fetch", StepState.SUCCEEDED, 0, origin.id),
             ("sum", StepState.SUCCEEDED, 1, origin.id),
         ]
+
+
+def test_a_signal_sent_while_the_job_runs_wakes_its_wait_at_once():
+    # given: a running job that gets its signal before it parks in the wait
+    job = running_job()
+    assert ledger.signal_sent(job_id=str(job.id), name="ok", payload=1, step="wait:ok") == "kept"
+
+    # when: the run parks in wait_for("ok") with a timeout an hour away
+    timeout = timezone.now() + timedelta(hours=1)
+    woken = ledger.sleep(
+        job_id=str(job.id),
+        name="wait:ok",
+        position=0,
+        wake_at=timeout,
+        attempt=1,
+        lease_owner=str(job.lease_owner),
+        run_seconds=0.1,
+        kind="wait",
+        event="ok",
+    )
+
+    # then: it is due now, not at its timeout
+    assert woken is not None and woken < timeout
+    job.refresh_from_db()
+    assert job.state == JobState.SCHEDULED and job.scheduled_for == woken
+    assert ledger.signal_sent(job_id=str(job.id), name="ok", payload=2, step="wait:ok") == (
+        "duplicate"
+    )

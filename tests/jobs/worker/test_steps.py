@@ -7,12 +7,14 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
+import jobs
 from jobs.broker.redis import redis_client
 from jobs.core.exceptions import StepResultTooLarge
 from jobs.flow.deadletters import dead_letter_replay
@@ -255,3 +257,58 @@ def test_a_sleep_survives_its_worker_stopping_and_a_redis_flush(step_worker, uni
     job = wait_until(swept, timeout=90, interval=0.5, what="the sleeper to resume")
     assert job.state == JobState.SUCCEEDED and job.attempts == 1
     assert (runs(f"{unique}:before"), runs(f"{unique}:after")) == (1, 1)
+
+
+def parked(job_id: str) -> Job | None:
+    return Job.objects.filter(id=job_id, state=JobState.SCHEDULED).first()
+
+
+def test_a_signal_wakes_a_job_parked_in_wait_for(step_worker, unique):
+    # given: a job parked in wait_for("approved"), no worker held
+    step_worker()
+    handle = step_tasks.waiter.enqueue(unique)
+    wait_until(functools.partial(parked, handle.id), timeout=TIMEOUT, what="the job to wait")
+    assert runs(f"{unique}:before") == 1
+
+    # when: the event is signalled
+    assert jobs.signal(handle.id, "approved", {"by": 7}) is True
+
+    # then: the job resumes at once with the payload, its first step not run again
+    job = wait_until(functools.partial(ended, handle.id), timeout=TIMEOUT, what="the job")
+    assert job.state == JobState.SUCCEEDED and job.result == {"by": 7}
+    assert job.attempts == 1
+    assert (runs(f"{unique}:before"), runs(f"{unique}:after")) == (1, 1)
+    # and a signal to a finished job, or to no job, is refused
+    with pytest.raises(jobs.SignalRefused, match="finished"):
+        jobs.signal(handle.id, "approved", {"by": 8})
+    with pytest.raises(Job.DoesNotExist):
+        jobs.signal(str(uuid.uuid4()), "approved")
+
+
+def test_a_signal_sent_before_the_wait_is_kept_and_a_second_is_refused(step_worker, unique):
+    # given: a job no worker has run yet, signalled twice
+    handle = step_tasks.waiter.enqueue(unique)
+    assert jobs.signal(handle.id, "approved", "first") is False  # kept for its wait
+    with pytest.raises(jobs.SignalRefused, match="already got signal 'approved'"):
+        jobs.signal(handle.id, "approved", "second")
+
+    # when: a worker runs it
+    step_worker()
+    job = wait_until(functools.partial(ended, handle.id), timeout=TIMEOUT, what="the job")
+
+    # then: its wait returns the first signal's payload without parking
+    assert job.state == JobState.SUCCEEDED and job.result == "first" and job.attempts == 1
+    assert [s.state for s in JobStep.objects.of_job(handle.id)] == [StepState.SUCCEEDED] * 3
+
+
+def test_a_wait_for_times_out(step_worker, unique):
+    step_worker()
+    handle = step_tasks.waiter.enqueue(unique, 2)
+
+    job = wait_until(functools.partial(ended, handle.id), timeout=TIMEOUT, what="the job")
+
+    assert job.state == JobState.SUCCEEDED and job.result == "timed out"
+    (before,), (after,) = marks(f"{unique}:before"), marks(f"{unique}:after")
+    assert after[0] - before[0] >= 2
+    wait = JobStep.objects.get(job_id=handle.id, name="wait:approved")
+    assert (wait.kind, wait.result) == ("wait", {"timed_out": True})
