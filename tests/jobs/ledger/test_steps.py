@@ -12,7 +12,9 @@ import pytest
 from django.utils import timezone
 
 from jobs import dead_letter_replay_many, ledger
-from jobs.models import DeadLetter, Job, JobState, JobStep, StepState
+from jobs.core.conf import backlot_settings
+from jobs.flow.retention import retention_purge
+from jobs.models import DeadLetter, Job, JobSignal, JobState, JobStep, StepState
 from tests.support import step_tasks
 
 pytestmark = pytest.mark.django_db
@@ -145,3 +147,26 @@ def test_a_signal_sent_while_the_job_runs_wakes_its_wait_at_once():
     assert ledger.signal_sent(job_id=str(job.id), name="ok", payload=2, step="wait:ok") == (
         "duplicate"
     )
+
+
+def test_a_jobs_steps_and_signals_stay_until_retention_removes_the_job():
+    # given: two succeeded jobs with a step and a signal, one past JOB_RETENTION_DAYS
+    old, recent = running_job(), running_job()
+    for job in (old, recent):
+        write(job, ledger.step_started, name="fetch", position=0)
+        write(job, ledger.step_succeeded, name="fetch", result=1)
+        ledger.signal_sent(job_id=str(job.id), name="ok", payload=1, step="wait:ok")
+    days = backlot_settings().JOB_RETENTION_DAYS
+    Job.objects.filter(id=old.id).update(
+        state=JobState.SUCCEEDED, finished_at=timezone.now() - timedelta(days=days + 1)
+    )
+    Job.objects.filter(id=recent.id).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
+
+    # when retention runs
+    retention_purge()
+
+    # then: the old job went with its steps and signals; the recent one keeps them
+    assert not JobStep.objects.filter(job_id=old.id).exists()
+    assert not JobSignal.objects.filter(job_id=old.id).exists()
+    assert JobStep.objects.filter(job_id=recent.id).count() == 1
+    assert JobSignal.objects.filter(job_id=recent.id).count() == 1
