@@ -79,10 +79,18 @@ class StepBook:
     by_position: dict[int, JobStep]
     by_name: dict[str, JobStep] = field(default_factory=dict)
     next: int = 0
+    inside: str = ""  # the step whose function runs now (steps do not nest)
 
     def take(self, name: str, kind: str) -> tuple[int, JobStep | None]:
         """The next position and the stored step there; StepOrderChanged when the history
         holds another step there, or this step at another place."""
+        if self.inside:
+            # A later run skips the outer step, and with it the inner one: the positions after
+            # it would not match the history.
+            raise StepOrderChanged(
+                f"Job {self.job_id}: {kind} {name!r} was asked for inside step "
+                f"{self.inside!r}; steps, sleeps and waits do not nest"
+            )
         position = self.next
         self.next += 1
         stored = self.by_position.get(position)
@@ -176,6 +184,7 @@ def run_step(task: Any, name: str, fn: Callable[..., Any], args: tuple, kwargs: 
         return stored.result
     hold = book.hold
     _write(hold, ledger.step_started, "step", name=name, position=position)
+    book.inside = name
     try:
         result = stored_result(name, fn(*args, **kwargs))
     except LeaseLost:
@@ -183,6 +192,8 @@ def run_step(task: Any, name: str, fn: Callable[..., Any], args: tuple, kwargs: 
     except Exception as exc:
         _write(hold, ledger.step_failed, "step", name=name, exc=exc)
         raise
+    finally:
+        book.inside = ""
     _write(hold, ledger.step_succeeded, "step", name=name, result=result)
     book.record(
         JobStep(

@@ -102,3 +102,9 @@ def waiter(self: Any, key: str, timeout: float | None = None) -> Any:
         payload = "timed out"
     self.step("after", mark, f"{key}:after")
     return payload
+
+
+@job(name="steps.nested", bind=True, queue="reports", retry=QUICK_RETRIES)
+def nested(self: Any, key: str) -> None:
+    """Asks for a step inside another step's function."""
+    self.step("outer", lambda: self.step("inner", mark, f"{key}:inner"))

@@ -165,6 +165,13 @@ def test_a_changed_step_order_is_an_error_naming_the_step(step_worker, unique):
     assert "step 'b' is step 1 of this run" in job.error and "step 'a' there" in job.error
     assert (runs(f"{unique}:a"), runs(f"{unique}:b")) == (1, 1)
 
+    # and a step asked for inside another step's function is refused the same way
+    nested = step_tasks.nested.enqueue(unique)
+    job = wait_until(functools.partial(ended, nested.id), timeout=TIMEOUT, what="nested")
+    assert job.state == JobState.DEAD and job.attempts == 1
+    assert "step 'inner' was asked for inside step 'outer'" in job.error
+    assert not runs(f"{unique}:inner")
+
 
 def test_the_decorator_form_and_the_size_check(step_worker, unique):
     # given: a worker, a job using the decorator form and one whose step returns too much
