@@ -118,7 +118,9 @@ class CampaignOut(Schema):
     campaign_id: int
     name: str
     status: str
-    error: str = Field(description="Why a failed campaign failed (its fan-out or completion job's error).")
+    error: str = Field(
+        description="Why a failed campaign failed (its fan-out or completion job's error)."
+    )
     summary: dict[str, int]
     job_id: str | None
     status_url: str | None
