@@ -61,7 +61,10 @@ def test_a_user_lists_only_their_own_jobs(client: Any, alice: Any, bob: Any) -> 
     body = response.json()
     assert ids(body) == [str(mine[1].id), str(mine[2].id), str(mine[0].id)]
     assert body["next_cursor"] is None
-    assert body["items"][0] == client.get(f"/api/jobs/{mine[1].id}/").json()
+    detail = client.get(f"/api/jobs/{mine[1].id}/").json()
+    # (the job's own route adds its durable steps, which a list leaves out: null)
+    assert detail.pop("steps") == [] and body["items"][0].pop("steps") is None
+    assert body["items"][0] == detail
 
 
 def test_staff_list_everyone_or_one_owner(
