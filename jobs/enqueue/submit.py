@@ -309,7 +309,13 @@ def publish_job(
             queue=job.queue,
             priority=job.priority,
             eta=eta,
-            options={**(job.publish_options or {}), **dict(options or {})},
+            # a job that ran before (the relay's re-send of a retry) says so: Celery's
+            # request.retries is the runs before this one, whichever copy runs it
+            options={
+                **({"retries": job.attempts} if job.attempts else {}),
+                **(job.publish_options or {}),
+                **dict(options or {}),
+            },
             trace_context=job.trace_context,
         )
     if sent and task.track and mark_published:

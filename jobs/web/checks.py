@@ -96,7 +96,10 @@ def check_jobs(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 parse_rate(rate)
             except ValueError as exc:
                 problems.append(Error(str(exc), obj=task.name, id="jobs.E004"))
-        if task.policy.max_attempts > 1 and not task.policy.retry_on:
+        # (an adopted Celery task retries through self.retry() and autoretry_for, as in Celery:
+        # no exception is retried on its own, by design; jobs.flow.adopt)
+        adopted = getattr(task, "adopted", False) and hasattr(task, "backlot")
+        if task.policy.max_attempts > 1 and not task.policy.retry_on and not adopted:
             problems.append(
                 Warning(f"Job {task.name} allows retries but retries no exception.", id="jobs.W001")
             )
