@@ -5,18 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
+from jobs.core.exceptions import InvalidPayload, SignalRefused
 from jobs.core.masking import mask_value
 from jobs.flow.cancellation import cancel_many
 from jobs.flow.deadletters import audit, dead_letter_replay_many
+from jobs.flow.signals import signal
 from jobs.models import DeadLetter, Job, JobState, JobStep
 from jobs.web.dashboard import dashboard_json, dashboard_view
 
@@ -52,6 +57,11 @@ class JobStepInline(admin.TabularInline):
         return False
 
 
+class SignalForm(forms.Form):
+    name = forms.CharField(max_length=190, help_text="The event, as the job's wait_for() names it.")
+    payload = forms.JSONField(required=False, help_text="JSON the job's wait_for() returns.")
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
     list_display = (
@@ -65,7 +75,7 @@ class JobAdmin(ReadOnlyAdmin):
         "finished_at",
     )
     list_filter = ("state", "queue", "task_name")
-    actions = ("cancel_selected", "retry_selected")
+    actions = ("cancel_selected", "retry_selected", "signal_selected")
     search_fields = ("=id", "idempotency_key")
     date_hierarchy = "enqueued_at"
     show_full_result_count = False
@@ -86,6 +96,47 @@ class JobAdmin(ReadOnlyAdmin):
     def has_retry_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("jobs.replay_deadletter")
 
+    def has_signal_permission(self, request: HttpRequest) -> bool:
+        # a signal steers a running job as a cancel does: the same permission
+        return request.user.has_perm("jobs.cancel_job")
+
+    @admin.action(description="Send a signal to selected jobs", permissions=["signal"])
+    def signal_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> Any:
+        """jobs.signal(job, name, payload) for each selected job (up to 1,000), after a page
+        asking for the event's name and JSON payload; refused ones are listed, each audited."""
+        form = SignalForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return TemplateResponse(
+                request,
+                "admin/jobs/job/signal.html",
+                {
+                    **self.admin_site.each_context(request),
+                    "title": "Send a signal",
+                    "opts": self.model._meta,
+                    "form": form,
+                    "jobs": list(queryset.only("id")[:1000]),
+                    "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+                },
+            )
+        name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
+        ids = list(queryset.values_list("id", flat=True)[:1000])
+        sent, refused = 0, []
+        for job_id in ids:
+            try:
+                signal(job_id, name, payload)
+                sent += 1
+            except (SignalRefused, InvalidPayload, Job.DoesNotExist) as exc:
+                refused.append(str(exc))
+        audit(user=request.user, action="signal", count=sent, ids=[str(i) for i in ids], name=name)
+        self.message_user(
+            request,
+            ngettext("Signal %s sent to %d job", "Signal %s sent to %d jobs", sent) % (name, sent),
+            messages.SUCCESS if sent else messages.WARNING,
+        )
+        for reason in refused[:5]:
+            self.message_user(request, reason, messages.ERROR)
+        return None
+
     def changelist_view(
         self, request: HttpRequest, extra_context: dict | None = None
     ) -> HttpResponse:
@@ -94,6 +145,8 @@ class JobAdmin(ReadOnlyAdmin):
             raise PermissionDenied("You may not cancel jobs.")
         if action == "retry_selected" and not self.has_retry_permission(request):
             raise PermissionDenied("You may not retry jobs.")
+        if action == "signal_selected" and not self.has_signal_permission(request):
+            raise PermissionDenied("You may not signal jobs.")
         return super().changelist_view(request, extra_context)
 
     @admin.action(description="Retry selected dead jobs", permissions=["retry"])

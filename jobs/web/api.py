@@ -1,4 +1,5 @@
-"""The jobs API: GET /api/jobs/ (the caller's jobs, newest first) and GET /api/jobs/{job_id}/."""
+"""The jobs API: GET /api/jobs/ (the caller's jobs, newest first), GET /api/jobs/{job_id}/, and
+a job's cancel and signal routes."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from ninja import Field, Router, Schema
 from ninja.errors import HttpError
 from ninja.params.functions import Query
 
-from jobs.core.exceptions import AlreadyFinished
+from jobs.core.exceptions import AlreadyFinished, InvalidPayload, SignalRefused
 from jobs.flow.cancellation import cancel
 from jobs.flow.deadletters import audit
+from jobs.flow.signals import signal
 from jobs.models import Job
 from jobs.web.listing import (  # noqa: F401  (listed_jobs, job_status: re-exported)
     CHILDREN_LISTED,
@@ -299,3 +301,56 @@ def job_cancel(request: AuthenticatedRequest, job_id: str) -> tuple[int, dict[st
         "cancelled": outcome.cancelled,
         "requested": outcome.requested,
     }
+
+
+# --- POST /api/jobs/{id}/signal: an event for a job's wait_for() -------------------------------
+
+
+class SignalIn(Schema):
+    name: str = Field(
+        min_length=1, max_length=190, description="The event, as the job's wait_for() names it."
+    )
+    payload: Any = Field(None, description="Small JSON: what the job's wait_for() returns.")
+
+
+class SignalOut(Schema):
+    job_id: str
+    name: str
+    woke: bool = Field(
+        description="True: the job was waiting for it and runs again now; false: it is kept "
+        "for the job's wait_for() to come."
+    )
+
+
+class SignalRefusedOut(Schema):
+    detail: str
+
+
+@router.post(
+    "/{job_id}/signal",
+    response={202: SignalOut, 409: SignalRefusedOut},
+    url_name="job_signal",
+)
+def job_signal(
+    request: AuthenticatedRequest, job_id: str, body: SignalIn
+) -> tuple[int, dict[str, Any]]:
+    """Send an event to a job (jobs.signal): a job parked in wait_for(name) resumes with the
+    payload; one that has not got there yet finds it when it does. Once per job and name: a
+    second signal of the name, or one to a finished job, is 409. 404 for unknown ids and other
+    users' jobs (staff may signal any); 400 for a payload that is not small JSON."""
+    try:
+        key = uuid.UUID(job_id)
+    except ValueError:
+        raise HttpError(404, "No such job") from None
+    if not Job.objects.visible_to(request.auth).filter(id=key).exists():
+        raise HttpError(404, "No such job")
+    try:
+        woke = signal(key, body.name, body.payload)
+    except SignalRefused as exc:
+        return 409, {"detail": str(exc)}
+    except InvalidPayload as exc:
+        raise HttpError(400, str(exc)) from None
+    except Job.DoesNotExist:
+        raise HttpError(404, "No such job") from None
+    audit(user=request.auth, action="signal-api", count=1, job_id=str(key), name=body.name)
+    return 202, {"job_id": str(key), "name": body.name, "woke": woke}
