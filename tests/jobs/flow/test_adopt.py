@@ -42,6 +42,22 @@ def adopt_worker(worker_env, clean_redis, transactional_db):
     worker.stop()
 
 
+def run_in_adopt_mode(worker_env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """A Python process in adopt mode (as a host's web process is), run to its end: `args`
+    after the interpreter."""
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**worker_env, **ADOPT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def finished(job_id: str) -> Job | None:
     job = Job.objects.filter(id=job_id).first()
     return job if job is not None and job.finished_at is not None else None
@@ -51,16 +67,7 @@ def test_plain_celery_tasks_are_platform_tasks_in_adopt_mode(
     adopt_worker, worker_env, unique, admin_client
 ):
     # when: a caller process in adopt mode sends them as Celery code does
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.jobs.flow.adopt_caller", unique],
-        cwd=ROOT,
-        env={**worker_env, **ADOPT},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_in_adopt_mode(worker_env, "-m", "tests.jobs.flow.adopt_caller", unique)
     ids = json.loads(done.stdout.strip().splitlines()[-1])
 
     # then: each has a ledger row, moved by the worker to its end
@@ -97,24 +104,15 @@ def test_plain_celery_tasks_are_platform_tasks_in_adopt_mode(
     assert not Job.objects.filter(id=ids["opted_out"]).exists()
 
     # when: the dead letter is replayed with `manage.py jobs retry`, in adopt mode
-    replay = subprocess.run(
-        # the command, in a process that imports the task module (a host's app tasks.py is
-        # autodiscovered; this test's module is not an installed app's)
-        [
-            sys.executable,
-            "-c",
-            "import django; django.setup(); import tests.support.adopt_tasks; "
-            "from django.core.management import call_command; "
-            f"call_command('jobs', 'retry', '--task', {failed.task_name!r})",
-        ],
-        cwd=ROOT,
-        env={**worker_env, **ADOPT},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    # the command, in a process that imports the task module (a host's app tasks.py is
+    # autodiscovered; this test's module is not an installed app's)
+    replay = run_in_adopt_mode(
+        worker_env,
+        "-c",
+        "import django; django.setup(); import tests.support.adopt_tasks; "
+        "from django.core.management import call_command; "
+        f"call_command('jobs', 'retry', '--task', {failed.task_name!r})",
     )
-    assert replay.returncode == 0, replay.stderr[-3000:]
 
     # then: a new job on the ledger, linked to the dead letter, runs it again and gives up again
     letter.refresh_from_db()
@@ -159,16 +157,7 @@ def test_celerys_own_and_backlots_tasks_are_not_adopted(worker_env):
         "  'opted_out': (t.opted_out.adopted, t.opted_out.track),\n"
         "}))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**worker_env, **ADOPT},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_in_adopt_mode(worker_env, "-c", code)
     seen = eval(done.stdout.strip().splitlines()[-1])
     assert seen == {
         "chord_unlock": (False, False),
@@ -239,16 +228,7 @@ def test_each_run_of_a_retried_task_reads_its_own_retry_number(adopt_worker, wor
         "import django, json; django.setup(); from tests.support import adopt_tasks as t; "
         f"print(json.dumps([t.retrying.delay('{unique}-' + str(i)).id for i in range({RETRIED})]))"
     )
-    sent = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        env={**worker_env, **ADOPT},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert sent.returncode == 0, sent.stderr[-3000:]
+    sent = run_in_adopt_mode(worker_env, "-c", code)
     ids = json.loads(sent.stdout.strip().splitlines()[-1])
 
     rows = [wait_until(functools.partial(finished, i), timeout=TIMEOUT) for i in ids]
