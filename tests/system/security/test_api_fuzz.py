@@ -162,6 +162,15 @@ def test_answers_about_real_objects_match_the_schema(api_token, clean_redis):
     job = {"job_id": email["job_id"]}
     send("POST", "/api/jobs/{job_id}/cancel", {202, 409}, path_parameters=job)
     send("POST", "/api/jobs/{job_id}/cancel", 409, path_parameters=job)
+    # the email's job is cancelled or sent (refused: 409), or still stopping (kept: 202)
+    send(
+        "POST",
+        "/api/jobs/{job_id}/signal",
+        {202, 409},
+        path_parameters=job,
+        media_type="application/json",
+        body={"name": "approved", "payload": {"by": 1}},
+    )
     # queues are for staff: the token's user is refused, as documented
     send("GET", "/api/queues/", 403)
     send("POST", "/api/queues/{queue}/pause", 403, path_parameters={"queue": "default"})
