@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import IntegrityError, transaction
@@ -30,19 +30,10 @@ from jobs.core.options import (
     storable_options,
 )
 from jobs.core.payload import payload_check
-from jobs.core.policies import RetryPolicy
 from jobs.core.states import JobState
+from jobs.enqueue.publish import Enqueueable, park_at_gates, publish_job
 from jobs.enqueue.routing import job_queue
 from jobs.models import Job
-
-
-class Enqueueable(broker.Publishable, Protocol):
-    """What enqueue needs of a task (PlatformTask has it)."""
-
-    track: bool
-    default_priority: int
-    policy: RetryPolicy
-
 
 logger = logging.getLogger(__name__)
 
@@ -285,66 +276,6 @@ def _publish_untracked(job: Job, task: Enqueueable, options: Mapping[str, Any] |
     _announce(job)
 
 
-def publish_job(
-    *,
-    job: Job,
-    task: Enqueueable,
-    options: Mapping[str, Any] | None = None,
-    mark_published: bool = True,
-) -> bool:
-    """Hand a job's message to the broker and mark its row published; False (the row stays
-    in the outbox) when the broker is unavailable."""
-    now = timezone.now()
-    eta = job.scheduled_for if job.scheduled_for and job.scheduled_for > now else None
-    if eta is None and slots.limited(task) and _parked(task, [job], options):
-        sent = (
-            True  # it waits at its gate, which publishes it when its slot comes (jobs.broker.slots)
-        )
-    else:
-        sent = broker.publish(
-            task=task,
-            job_id=str(job.id),
-            args=job.args,
-            kwargs=job.kwargs,
-            queue=job.queue,
-            priority=job.priority,
-            eta=eta,
-            # a job that ran before (the relay's re-send of a retry) says so: Celery's
-            # request.retries is the runs before this one, whichever copy runs it
-            options={
-                **({"retries": job.attempts} if job.attempts else {}),
-                **(job.publish_options or {}),
-                **dict(options or {}),
-            },
-            trace_context=job.trace_context,
-        )
-    if sent and task.track and mark_published:
-        ledger.mark_published([job.id], now=now)
-    return sent
-
-
-def _parked(task: Enqueueable, jobs: Sequence[Job], options: Mapping[str, Any] | None) -> set[str]:
-    """Park due jobs of a rate- or concurrency-limited task at their gates instead of the
-    queue; returns the ids parked: none when Redis is unavailable, and none of a call its
-    limits leave unlimited (a mapping without its key or "*"): those are published as usual."""
-    parked = slots.park(
-        task,
-        [
-            slots.Parking(
-                job_id=str(job.id),
-                args=job.args,
-                kwargs=job.kwargs,
-                queue=job.queue,
-                priority=job.priority,
-                options={**(job.publish_options or {}), **dict(options or {})},
-                trace=job.trace_context,
-            )
-            for job in jobs
-        ],
-    )
-    return set(parked)
-
-
 def enqueue_many(
     task: Enqueueable,
     calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
@@ -413,7 +344,7 @@ def enqueue_many(
             ]
             for job in waiting:
                 job.trace_context = carrier
-            kept = _parked(task, waiting, None)
+            kept = park_at_gates(task, waiting, None)
             todo = [row for row in rows if str(row.id) not in kept]
             if not todo:
                 return

@@ -43,8 +43,8 @@ from jobs.core.exceptions import BacklotError, UnknownTask
 from jobs.core.options import check_priority, check_queue
 from jobs.core.payload import payload_check
 from jobs.core.states import ACTIVE_STATES, JobState
+from jobs.enqueue.publish import publish_job
 from jobs.enqueue.routing import job_queue
-from jobs.enqueue.submit import publish_job
 from jobs.flow.cancellation import cancel_many
 from jobs.flow.deadletters import BulkOutcome, dead_letter_replay_many
 from jobs.ledger import batch as batch_ledger

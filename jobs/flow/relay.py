@@ -28,7 +28,7 @@ from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import UnknownTask
 from jobs.core.options import check_arguments
 from jobs.core.states import WAITING_STATES
-from jobs.enqueue.submit import publish_job
+from jobs.enqueue.publish import publish_job
 from jobs.models import Job, JobState
 from jobs.worker import outcomes
 from jobs.worker.registry import task_by_name

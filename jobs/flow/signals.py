@@ -13,7 +13,7 @@ from jobs import ledger
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import InvalidPayload, SignalRefused
 from jobs.core.payload import payload_check
-from jobs.enqueue.submit import publish_job
+from jobs.enqueue.publish import publish_job
 from jobs.models import Job
 from jobs.worker.registry import task_by_name
 from jobs.worker.steps import wait_step

@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from jobs.core import tracing
-from jobs.enqueue.submit import Enqueueable, publish_job
+from jobs.enqueue.publish import Enqueueable, publish_job
 from jobs.models import Job
 
 logger = logging.getLogger(__name__)
