@@ -20,7 +20,7 @@ if _WORKER.startswith("gw") and "BACKLOT_SUITE_REDIS_URL" not in os.environ:
     os.environ["BACKLOT_SUITE_REDIS_URL"] = _suite_url  # marks the choice as made
     _parts = urlsplit(_suite_url)
     _base = int(_parts.path.strip("/") or 0)
-    # Databases base+1, base+2, ...; tests/system/test_host_project.py's host takes 9 (or 10).
+    # Databases base+1, base+2, ...; the host projects of tests/system take 9-11.
     os.environ["REDIS_URL"] = urlunsplit(_parts._replace(path=f"/{_base + 1 + _index}"))
     _data = os.environ.get("BACKLOT_DATA_DIR") or os.path.join(
         os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".data"

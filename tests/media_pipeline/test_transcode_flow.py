@@ -104,7 +104,8 @@ def test_upload_becomes_ready_with_probed_renditions_and_rising_progress(
         j.state == JobState.SUCCEEDED and j.attempts == 1 for j in jobs
     )
     assert {str(j.id) for j in jobs} == {r["job_id"] for r in final["renditions"]}
-    finish = Job.objects.get(task_name="media_pipeline.video_finish")
+    # this video's settling job: the batch callback its own processing job set up
+    finish = Job.objects.get(task_name="media_pipeline.video_finish", parent_id=accepted["job_id"])
     assert finish.state == JobState.SUCCEEDED
     assert Job.objects.get(id=accepted["job_id"]).state == JobState.SUCCEEDED
 
@@ -180,7 +181,8 @@ def test_a_failed_format_fails_the_video_and_names_it(
     assert dead.attempts == 1  # an encoder that refuses the size will refuse it again
     assert "21600x1080" in dead.exception_message
     # the chord's errback settled it: the same settling job, run once
-    finish = Job.objects.get(task_name="media_pipeline.video_finish")
+    # this video's settling job: the batch callback its own processing job set up
+    finish = Job.objects.get(task_name="media_pipeline.video_finish", parent_id=accepted["job_id"])
     assert finish.state == JobState.SUCCEEDED
 
 

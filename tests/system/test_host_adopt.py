@@ -171,7 +171,7 @@ def adopted(
         target = site / path
         target.write_text((target.read_text() + "\n" + code) if append else code)
     db = {**host_database(), "NAME": f"{host_database()['NAME']}_adopt"}
-    redis_url = host_redis_url()
+    redis_url = host_redis_url(host=1)  # not the other host file's database
     # sqlite: startproject's own DATABASES, as generated (no OPTIONS)
     databases = f"DATABASES = {{'default': {db!r}}}\n" if request.param == "postgresql" else ""
     settings_file.write_text(

@@ -335,11 +335,15 @@ def host_database() -> dict[str, Any]:
     }
 
 
-def host_redis_url() -> str:
-    """The test Redis with a database number of the host's own."""
+def host_redis_url(host: int = 0) -> str:
+    """The test Redis with a database number of the host's own: `host` 0 for this file's host
+    project, 1 for test_host_adopt.py's. The two files run at the same time under pytest-xdist;
+    sharing one database, each one's flushdb wiped the other's messages (and their relays then
+    sent the "missing" jobs again)."""
     parts = urlsplit(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     suite_db = int(parts.path.lstrip("/") or 0)
-    return urlunsplit(parts._replace(path=f"/{10 if suite_db == 9 else 9}"))
+    free = [db for db in (9, 10, 11) if db != suite_db]
+    return urlunsplit(parts._replace(path=f"/{free[host]}"))
 
 
 def recreate_database(db: dict[str, Any], *, drop_only: bool = False) -> None:
