@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from jobs import RetryPolicy, StepTimeout, job
-from tests.support.tasks import mark
+from tests.support.tasks import mark, wait_for_flag
 
 QUICK_RETRIES = RetryPolicy(max_attempts=4, base_delay=0.2, factor=1.0, jitter=False)
 
@@ -108,3 +108,18 @@ def waiter(self: Any, key: str, timeout: float | None = None) -> Any:
 def nested(self: Any, key: str) -> None:
     """Asks for a step inside another step's function."""
     self.step("outer", lambda: self.step("inner", mark, f"{key}:inner"))
+
+
+def held_once(key: str, rows: list[int]) -> int:
+    """The first run waits in here for the test's flag (the test stops its worker meanwhile)."""
+    if mark(f"{key}:two") == 1:
+        wait_for_flag(f"{key}:resume", timeout=90)
+    return sum(rows)
+
+
+@job(name="steps.held", bind=True, queue="reports", retry=QUICK_RETRIES)
+def held(self: Any, key: str) -> list[Any]:
+    """Three steps whose second holds its first run until the test lets it go."""
+    fetched = self.step("fetch", first, key)
+    total = self.step("sum", held_once, key, fetched["rows"])
+    return [fetched, total, self.step("post", third, key, total, 0)]
