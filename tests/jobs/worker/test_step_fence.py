@@ -32,7 +32,7 @@ def refusals() -> dict[str, int]:
     return {redis_text(k): int(v) for k, v in raw.items()}
 
 
-def test_a_second_copy_delivered_while_a_step_runs_runs_no_step(step_worker, unique):
+def test_a_second_copy_delivered_while_a_step_runs_runs_no_step(step_worker, unique):  # noqa: F811
     # given: two workers, and a 3-step job whose second step holds its first run
     first = step_worker("fence-copy-a")
     handle = step_tasks.held.enqueue(unique)
@@ -62,7 +62,7 @@ def test_a_second_copy_delivered_while_a_step_runs_runs_no_step(step_worker, uni
     assert first.process.poll() is None and second.process.poll() is None
 
 
-def test_a_stopped_run_taken_over_writes_no_step_and_runs_no_later_one(step_worker, unique):
+def test_a_stopped_run_taken_over_writes_no_step_and_runs_no_later_one(step_worker, unique):  # noqa: F811
     # given: a worker with short leases whose job's first run holds in its second step
     first = step_worker("fence-stop-a", BACKLOT_LEASE_SECONDS=LEASE)
     handle = step_tasks.held.enqueue(unique)
