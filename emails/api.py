@@ -112,6 +112,15 @@ class CampaignIn(Schema):
     )
     recipients: list[RecipientIn] = Field(default_factory=list, max_length=10_000)
     start: bool = False
+    remind_after: int | None = Field(
+        default=None,
+        ge=1,
+        le=services.MAX_REMIND_AFTER,
+        description=(
+            "Seconds after the campaign is done to email each recipient sent a reminder "
+            "(its subject prefixed 'Reminder: '); none by default, at most 30 days."
+        ),
+    )
 
 
 class CampaignOut(Schema):
@@ -126,6 +135,11 @@ class CampaignOut(Schema):
     status_url: str | None
     batch_id: str | None
     batch_url: str | None
+    remind_after: int | None
+    reminder_job_id: str | None = Field(
+        description="The reminder's job once the campaign is done: it sleeps, then sends."
+    )
+    reminder_status_url: str | None
 
 
 def _campaign_out(campaign: Campaign) -> dict[str, Any]:
@@ -133,6 +147,7 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
     summary = campaign.summary()
     job_id = str(campaign.job_id) if campaign.job_id else None
     batch_id = str(campaign.batch_id) if campaign.batch_id else None
+    reminder = str(campaign.reminder_job_id) if campaign.reminder_job_id else None
     return {
         "campaign_id": campaign.pk,
         "name": campaign.name,
@@ -143,6 +158,9 @@ def _campaign_out(campaign: Campaign) -> dict[str, Any]:
         "status_url": f"/api/jobs/{job_id}/" if job_id else None,
         "batch_id": batch_id,
         "batch_url": f"/api/batches/{batch_id}/" if batch_id else None,
+        "remind_after": campaign.remind_after,
+        "reminder_job_id": reminder,
+        "reminder_status_url": f"/api/jobs/{reminder}/" if reminder else None,
     }
 
 
@@ -160,6 +178,7 @@ def campaign_create(request: AuthenticatedRequest, payload: CampaignIn) -> Statu
             context=payload.context,
             owner=request.auth,
             recipients=[r.dict() for r in payload.recipients],
+            remind_after=payload.remind_after,
         )
         if payload.start:
             services.campaign_start(

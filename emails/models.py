@@ -233,6 +233,18 @@ class Campaign(models.Model):
     )
     created_at = models.DateTimeField("created", default=timezone.now, help_text="Created.")
     started_at = models.DateTimeField("started", null=True, blank=True, help_text="Fan-out began.")
+    remind_after = models.PositiveIntegerField(
+        "remind after",
+        null=True,
+        blank=True,
+        help_text="Seconds after the campaign is done to send its recipients a reminder.",
+    )
+    reminder_job_id = models.UUIDField(
+        "reminder job",
+        null=True,
+        blank=True,
+        help_text="The job that sleeps until the reminder is due, then sends it.",
+    )
 
     objects = OwnedQuerySet.as_manager()
 
@@ -387,6 +399,15 @@ class CampaignRecipient(models.Model):
         related_name="recipient",
         verbose_name="message",
         help_text="The message once fanned out.",
+    )
+    reminder_message = models.OneToOneField(
+        EmailMessage,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="reminded",
+        verbose_name="reminder",
+        help_text="The reminder's message once sent out.",
     )
 
     class Meta:

@@ -54,6 +54,9 @@ CHUNK = 1000
 # The campaign batch's on_complete callback (emails.tasks.campaign_done_job), by name: this
 # module never imports the tasks.
 CAMPAIGN_DONE_TASK = "emails.campaign_done"
+# A campaign's reminder: at most 30 days after it is done, its subject prefixed.
+MAX_REMIND_AFTER = 30 * 86_400
+REMINDER_PREFIX = "Reminder: "
 # Bad CSV rows kept with their reason; the rest are only counted.
 MAX_REPORTED_ERRORS = 1000
 
@@ -307,9 +310,12 @@ def campaign_create(
     subject: str = "",
     owner: Any = None,
     recipients: Sequence[dict[str, str]] = (),
+    remind_after: int | None = None,
 ) -> Campaign:
     email_check_template(template)
     email_check_context(context)
+    if remind_after is not None and not 1 <= remind_after <= MAX_REMIND_AFTER:
+        raise EmailError(f"remind_after: between 1 and {MAX_REMIND_AFTER} seconds (30 days)")
     for field, value in (("name", name), ("subject", subject)):
         if "\x00" in value:
             raise EmailError(f"{field} contains a NUL character.")
@@ -320,6 +326,7 @@ def campaign_create(
             context=context,
             subject=subject,
             owner=owner if getattr(owner, "pk", None) else None,
+            remind_after=remind_after,
         )
         rows = []
         for index, recipient in enumerate(recipients):
@@ -359,13 +366,24 @@ def campaign_start(
     return handle
 
 
-def campaign_batch_completed(*, campaign_id: int, batch_id: str) -> str:
+def campaign_batch_completed(
+    *, campaign_id: int, batch_id: str, remind_job: PlatformTask[[int], int] | None = None
+) -> str:
     """The campaign's batch completed (every send job and the fan-out ended): a sending
-    campaign is done. Returns its status."""
+    campaign is done. Returns its status. A campaign with `remind_after` gets its reminder
+    job (`remind_job`, emails.tasks.campaign_remind_job) in the same transaction: it sleeps
+    until the reminder is due without holding a worker, then sends it."""
     campaign = Campaign.objects.filter(pk=campaign_id, batch_id=batch_id).first()
     if campaign is None:
         raise Permanent(f"Campaign {campaign_id} has no batch {batch_id}")
-    if not campaign.mark_done():
+    with transaction.atomic():
+        done = campaign.mark_done()
+        if done and campaign.remind_after and remind_job is not None:
+            handle = remind_job.using(
+                owner=campaign.owner, idempotency_key=f"campaign-reminder:{campaign.pk}"
+            ).enqueue(campaign.pk)
+            Campaign.objects.filter(pk=campaign.pk).update(reminder_job_id=handle.id)
+    if not done:
         campaign.refresh_from_db(fields=["status"])
         if campaign.status == CampaignStatus.SENDING:
             logger.warning(
@@ -403,21 +421,7 @@ def campaign_fan_out_run(
             chunk = list(pending.select_for_update(skip_locked=True).order_by("pk")[:CHUNK])
             if not chunk:
                 break
-            messages = []
-            for recipient in chunk:
-                context = {**campaign.context, **recipient.data, "name": recipient.name}
-                subject, _, _ = email_render(
-                    template=campaign.template, context=context, subject=campaign.subject
-                )
-                messages.append(
-                    EmailMessage(
-                        to=recipient.email,
-                        subject=subject,
-                        template=campaign.template,
-                        context=context,
-                        owner=campaign.owner,
-                    )
-                )
+            messages = _campaign_messages(campaign, chunk)
             EmailMessage.objects.bulk_create(messages)
             # The chunk's send jobs join the campaign's batch in this transaction (the fan-out
             # job, still running, keeps it open); one started before batches has none.
@@ -439,6 +443,70 @@ def campaign_fan_out_run(
         if progress:
             progress(fanned, total, f"{fanned} of {total} recipients queued")
     return fanned
+
+
+def _campaign_messages(
+    campaign: Campaign, recipients: Sequence[CampaignRecipient], *, prefix: str = ""
+) -> list[EmailMessage]:
+    """One unsaved message per recipient, rendered from the campaign's template."""
+    messages = []
+    for recipient in recipients:
+        context = {**campaign.context, **recipient.data, "name": recipient.name}
+        subject, _, _ = email_render(
+            template=campaign.template, context=context, subject=campaign.subject
+        )
+        messages.append(
+            EmailMessage(
+                to=recipient.email,
+                subject=f"{prefix}{subject}"[:255],
+                template=campaign.template,
+                context=context,
+                owner=campaign.owner,
+            )
+        )
+    return messages
+
+
+def campaign_remind_after(*, campaign_id: int) -> int:
+    """How long a campaign's reminder sleeps after the campaign is done (seconds)."""
+    after = Campaign.objects.filter(pk=campaign_id).values_list("remind_after", flat=True).first()
+    if not after:
+        raise Permanent(f"Campaign {campaign_id} asks for no reminder")
+    return int(after)
+
+
+def campaign_remind_run(*, campaign_id: int, send_job: PlatformTask[[int], str]) -> int:
+    """The reminder of a done campaign: one message ("Reminder: " and the campaign's subject)
+    and one `send_job` per recipient whose campaign message was sent; safe to run again (a
+    recipient gets its reminder in the transaction of the reminder's job rows, so a re-run
+    skips everyone reminded). A campaign that is not done (cancelled since) sends none.
+    Returns the number of reminders queued by this run."""
+    campaign = Campaign.objects.get(pk=campaign_id)
+    if campaign.status != CampaignStatus.DONE:
+        logger.info("Campaign %s is %s: no reminder", campaign_id, campaign.status)
+        return 0
+    pending = campaign.recipients.filter(
+        email_message__status=EmailStatus.SENT, reminder_message__isnull=True
+    )
+    queued = 0
+    while True:
+        with transaction.atomic():
+            chunk = list(pending.select_for_update(skip_locked=True).order_by("pk")[:CHUNK])
+            if not chunk:
+                break
+            messages = _campaign_messages(campaign, chunk, prefix=REMINDER_PREFIX)
+            EmailMessage.objects.bulk_create(messages)
+            job_ids = enqueue_many(
+                send_job, [((m.pk,), {}) for m in messages], owner=campaign.owner
+            )
+            for recipient, message, job_id in zip(chunk, messages, job_ids, strict=True):
+                recipient.reminder_message = message
+                message.job_id = uuid.UUID(job_id)
+            CampaignRecipient.objects.bulk_update(chunk, ["reminder_message"])
+            EmailMessage.objects.bulk_update(messages, ["job_id"])
+        queued += len(chunk)
+    logger.info("Campaign %s: %d reminder(s) queued", campaign_id, queued)
+    return queued
 
 
 def campaign_cancel(*, campaign: Campaign, by: Any = None) -> int:

@@ -7,6 +7,7 @@ job cancels the send jobs it queued; each job's on_cancelled hook marks its rows
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -115,8 +116,26 @@ def campaign_fan_out_job(self: Any, campaign_id: int) -> int:
     on_cancelled=_done_cancelled,
 )
 def campaign_done_job(batch_id: str, campaign_id: int) -> str:
-    """The campaign batch's on_complete callback (fires once): the campaign is done."""
-    return services.campaign_batch_completed(campaign_id=campaign_id, batch_id=batch_id)
+    """The campaign batch's on_complete callback (fires once): the campaign is done (and its
+    reminder, if it asked for one, is scheduled)."""
+    return services.campaign_batch_completed(
+        campaign_id=campaign_id, batch_id=batch_id, remind_job=campaign_remind_job
+    )
+
+
+@job(name="emails.campaign_remind", queue="emails", bind=True, retry=RetryPolicy(max_attempts=5))
+def campaign_remind_job(self: Any, campaign_id: int) -> int:
+    """A done campaign's reminder: a durable sleep of `remind_after` seconds (the row waits in
+    the ledger, scheduled; no worker is held, and a restart or a Redis flush loses no time),
+    then one step that queues a reminder per recipient sent. A retry after the step runs none
+    again (jobs' durable steps). Returns the reminders queued."""
+    after = services.campaign_remind_after(campaign_id=campaign_id)
+    self.sleep(timedelta(seconds=after))
+    return int(
+        self.step(
+            "remind", services.campaign_remind_run, campaign_id=campaign_id, send_job=email_send_job
+        )
+    )
 
 
 @job(
