@@ -129,6 +129,7 @@ class RenditionAdmin(ReadOnlyMixin, admin.ModelAdmin):
         "duration",
         "size_bytes",
         "path",
+        "poster_path",
         "job_link",
         "error_block",
         "started_at",

@@ -65,6 +65,9 @@ class RenditionOut(Schema):
     error: str | None
     job_id: str | None
     download_url: str | None
+    poster_url: str | None = Field(
+        description="A JPEG frame of the written file (the player's poster); null until taken."
+    )
 
 
 class VideoOut(Schema):
@@ -114,6 +117,12 @@ def video_status(video: Video) -> dict[str, Any]:
                     kwargs={"video_id": video.id, "format": r.format},
                 )
                 if r.status == RenditionStatus.READY
+                else None,
+                "poster_url": reverse(
+                    "media_pipeline:rendition_poster",
+                    kwargs={"video_id": video.id, "format": r.format},
+                )
+                if r.status == RenditionStatus.READY and r.poster_path
                 else None,
             }
             for r in renditions

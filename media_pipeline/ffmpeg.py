@@ -1,4 +1,5 @@
-"""ffmpeg as a subprocess: read a file's video stream, transcode it with live progress.
+"""ffmpeg as a subprocess: read a file's video stream, transcode it with live progress, take
+a poster frame.
 
 The binary is the one the imageio-ffmpeg wheel ships (or $IMAGEIO_FFMPEG_EXE, or ffmpeg on
 PATH): pip-installable, no system package needed. Only ffmpeg is used, not ffprobe, which the
@@ -34,6 +35,8 @@ INPUT_OPTIONS = ("-format_whitelist", ",".join(SOURCE_DEMUXERS), "-protocol_whit
 # duration in its header reads the whole file without decoding (~1 GB/s on local disk).
 PROBE_TIMEOUT = 60.0
 MEASURE_TIMEOUT = 600.0
+# One frame from a rendition we wrote: a seek before the input and one JPEG, ~0.1 s for 1080p.
+POSTER_TIMEOUT = 60.0
 # ffmpeg's error output kept in exception messages: its first lines name the cause (the
 # encoder or demuxer that refused), its last ones the outcome; a failed encoder open is ~9 lines.
 MESSAGE_HEAD_LINES = 3
@@ -264,6 +267,42 @@ def transcode(
             raise TranscodeFailed(
                 f"ffmpeg exited with status {returncode}: {ffmpeg_message(text, source)}"
             )
+
+
+def poster(*, source: Path, target: Path, at: float) -> None:
+    """Write one frame of `source`, `at` seconds in, to `target` as a JPEG.
+
+    TranscodeFailed carries ffmpeg's message when it exits with an error (or writes nothing);
+    the caller owns `target` (a temporary name) and removes it on failure.
+    """
+    # fmt: off
+    command = [
+        ffmpeg_exe(), "-hide_banner", "-nostdin", "-y", "-loglevel", "error",
+        "-ss", f"{max(0.0, at):.3f}", *INPUT_OPTIONS, "-i", f"file:{source}",
+        "-map", "0:v:0", "-frames:v", "1",
+        "-c:v", "mjpeg", "-q:v", "3", "-pix_fmt", "yuvj420p",  # JPEG's full-range YUV
+        "-f", "image2", "-update", "1", f"file:{target}",
+    ]
+    # fmt: on
+    try:
+        result = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=POSTER_TIMEOUT,
+            check=False,
+            preexec_fn=_die_with_parent,  # only a prctl call; see below
+        )
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"ffmpeg took no poster frame within {POSTER_TIMEOUT:.0f}s") from None
+    if result.returncode < 0:
+        raise TranscodeInterrupted(f"ffmpeg was killed by signal {-result.returncode}")
+    if result.returncode != 0 or not target.is_file() or target.stat().st_size == 0:
+        text = result.stderr[-16384:].decode("utf-8", "replace")
+        raise TranscodeFailed(
+            f"ffmpeg took no poster frame (status {result.returncode}): "
+            f"{ffmpeg_message(text, source)}"
+        )
 
 
 # ffmpeg must not outlive the job's process: a hard time limit or a crash kills the pool

@@ -309,6 +309,14 @@ class Rendition(models.Model):
         default="",
         help_text="File relative to MEDIA_ROOT; set only once the file is complete.",
     )
+    poster_path = models.CharField(
+        "poster path",
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="JPEG of one frame of the written file, relative to MEDIA_ROOT; set once the "
+        "poster is complete (the job's second step, after the transcode).",
+    )
     status = models.CharField(
         "status",
         max_length=16,
@@ -414,6 +422,11 @@ class Rendition(models.Model):
             error="",
             finished_at=timezone.now(),
         )
+
+    def record_poster(self, *, path: str) -> bool:
+        """ready: its poster frame is written and renamed into place (a rendition that is no
+        longer ready keeps no poster)."""
+        return _move(self, [RenditionStatus.READY], poster_path=path)
 
     def mark_attempt_failed(self, *, error: str) -> bool:
         """running -> queued: an attempt failed; queued for the next one, unless the job gives

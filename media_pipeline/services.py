@@ -1,4 +1,5 @@
-"""The work of media_pipeline: store an upload, probe it, transcode each format, settle the video.
+"""The work of media_pipeline: store an upload, probe it, transcode each format and take its
+poster frame, settle the video.
 
 Plain functions with keyword-only arguments, callable from views, jobs, commands and tests.
 """
@@ -253,6 +254,47 @@ def rendition_transcode(
         duration=written.duration,
     )
     logger.info("Video %s: %s written (%s bytes)", video.id, rendition.format, rendition.size_bytes)
+    return rendition
+
+
+# The poster is the frame a quarter into the rendition (past a fade-in or a title card), at
+# most POSTER_LATEST seconds in: ffmpeg seeks to a keyframe before it and decodes from there.
+POSTER_AT = 0.25
+POSTER_LATEST = 10.0
+
+
+def poster_time(duration: float | None) -> float:
+    """Seconds into a rendition of `duration` seconds its poster frame is taken at."""
+    return min(POSTER_LATEST, POSTER_AT * duration) if duration and duration > 0 else 0.0
+
+
+def rendition_poster(*, rendition_id: int) -> Rendition:
+    """Take a written rendition's poster frame: a JPEG next to it, recorded on the row.
+
+    Read from the rendition's own file, so it has the rendition's picture size. Written to a
+    temporary name (removed by a cancel's hook, like a transcode's) and renamed into place; a
+    rendition not ready (cancelled while its transcode ran) is left without one, and one that
+    has its poster already returns at once. A failure is re-raised for the job's retry policy:
+    the transcode before it is a finished step and does not run again.
+    """
+    rendition = Rendition.objects.select_related("video").get(pk=rendition_id)
+    if rendition.status != RenditionStatus.READY or not rendition.path:
+        return rendition
+    if rendition.poster_path and media_path(rendition.poster_path).is_file():
+        return rendition
+    written = media_path(rendition.path)
+    folder = written.parent
+    final = folder / f"{rendition.format}.jpg"
+    for stale in folder.glob(f".{rendition.format}.*.part"):  # left by a killed attempt
+        stale.unlink(missing_ok=True)
+    partial = folder / f".{rendition.format}.{uuid.uuid4().hex}.part"
+    try:
+        ffmpeg.poster(source=written, target=partial, at=poster_time(rendition.duration))
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    rendition.record_poster(path=f"{rendition.video.folder}/renditions/{final.name}")
+    logger.info("Video %s: %s poster taken", rendition.video_id, rendition.format)
     return rendition
 
 

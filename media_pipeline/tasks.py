@@ -4,6 +4,12 @@ video_process_job ──> batch( rendition_transcode_job x formats ) ──> vid
                             on_complete (ready, or failed naming the failed formats, or cancelled)
                             and on_success (a replayed format that now succeeds: ready)
 
+Each transcode job is two durable steps (jobs.worker.steps): "transcode" runs ffmpeg to write
+the format, "poster" takes a JPEG frame from the written file. A retry after the poster
+failed, or a dead letter's replay, does not run the transcode's ffmpeg again; a poster that
+gives up leaves its format ready without one (the dead letter says why; its replay takes only
+the poster).
+
 Thin: each unpacks ids and calls media_pipeline.services (which never import this); each
 keeps the Celery name it was registered under. Cancelling the processing job cancels the
 transcodes it started and their settling job (jobs.cancel follows Job.parent); each job's
@@ -134,17 +140,34 @@ def transcode_batch(video_id: str, plan: list[services.PlannedRendition]) -> job
     on_cancelled=_rendition_cancelled,
 )
 def rendition_transcode_job(self: Any, rendition_id: int) -> dict[str, Any]:
-    """Transcode one format with ffmpeg, reporting its progress."""
-    rendition = services.rendition_transcode(
-        rendition_id=rendition_id,
-        on_progress=lambda percent: self.progress(percent, 100, "encoding"),
-    )
-    self.progress(100, 100, f"{rendition.format} written")
+    """Transcode one format with ffmpeg, reporting its progress, then take its poster frame;
+    each a step, so a retry of the poster does not transcode again."""
+
+    @self.step("transcode")
+    def transcode() -> dict[str, Any]:
+        rendition = services.rendition_transcode(
+            rendition_id=rendition_id,
+            on_progress=lambda percent: self.progress(percent, 100, "encoding"),
+        )
+        return {
+            "format": rendition.format,
+            "video_id": str(rendition.video_id),
+            "size_bytes": rendition.size_bytes,
+        }
+
+    @self.step("poster")
+    def poster() -> str:
+        return services.rendition_poster(rendition_id=rendition_id).poster_path
+
+    written = transcode()
+    self.progress(99, 100, f"{written['format']} written, taking its poster frame")
+    poster()
+    self.progress(100, 100, f"{written['format']} written")
     if not self.request.chord and jobs.current_batch() is None:
         # Run on its own (not one of a video's batch, nor of a chord sent before batches): no
         # callback will settle the video.
-        services.video_finish(video_id=str(rendition.video_id))
-    return {"format": rendition.format, "size_bytes": rendition.size_bytes}
+        services.video_finish(video_id=written["video_id"])
+    return {"format": written["format"], "size_bytes": written["size_bytes"]}
 
 
 @job(

@@ -1,4 +1,5 @@
-"""Pages of media_pipeline: the video list with its upload form, a video, a rendition's file."""
+"""Pages of media_pipeline: the video list with its upload form, a video, a rendition's file and
+its poster frame."""
 
 from django.urls import path
 
@@ -13,5 +14,10 @@ urlpatterns = [
         "<uuid:video_id>/renditions/<str:format>/",
         views.rendition_download,
         name="rendition_download",
+    ),
+    path(
+        "<uuid:video_id>/renditions/<str:format>/poster.jpg",
+        views.rendition_poster,
+        name="rendition_poster",
     ),
 ]

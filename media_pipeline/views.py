@@ -1,4 +1,5 @@
-"""Pages of media_pipeline: upload and list videos, watch one transcode, fetch a rendition."""
+"""Pages of media_pipeline: upload and list videos, watch one transcode, fetch a rendition or
+its poster frame."""
 
 from __future__ import annotations
 
@@ -146,6 +147,25 @@ def rendition_download(request: HttpRequest, video_id: uuid.UUID, format: str) -
     response = _file_response(
         request, path, filename, as_attachment=bool(request.GET.get("download"))
     )
+    patch_cache_control(response, private=True, max_age=3600)
+    return response
+
+
+@login_required
+@require_GET
+def rendition_poster(request: HttpRequest, video_id: uuid.UUID, format: str) -> HttpResponseBase:
+    """A written rendition's poster frame (JPEG), for its owner or staff."""
+    video = get_object_or_404(Video.objects.visible_to(request.user), pk=video_id)
+    rendition = get_object_or_404(
+        Rendition.objects.exclude(poster_path=""),
+        video=video,
+        format=format,
+        status=RenditionStatus.READY,
+    )
+    path = services.media_path(rendition.poster_path)
+    if not path.is_file():
+        raise Http404("The poster's file is missing")
+    response = FileResponse(path.open("rb"), content_type="image/jpeg")
     patch_cache_control(response, private=True, max_age=3600)
     return response
 

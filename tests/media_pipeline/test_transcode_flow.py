@@ -155,6 +155,7 @@ def test_a_file_that_is_not_a_video_fails_once_into_the_dead_letters(
             "error": None,
             "job_id": None,
             "download_url": None,
+            "poster_url": None,
         }
     ]
 
@@ -234,5 +235,5 @@ def test_a_worker_killed_mid_transcode_records_nothing_half_written(
     assert final["state"] == "ready"
     job = Job.objects.get(id=final["renditions"][0]["job_id"])
     assert job.state == JobState.SUCCEEDED and job.crashes == 1
-    assert sorted(p.name for p in folder.iterdir()) == ["1080p.mp4"]
+    assert sorted(p.name for p in folder.iterdir()) == ["1080p.jpg", "1080p.mp4"]  # and its poster
     assert ffprobe(folder / "1080p.mp4")["duration"] == pytest.approx(6.0, abs=0.1)
