@@ -1,8 +1,8 @@
 """The cockpit never waits on a broadcast: the admin dashboard and /metrics read worker presence
 from the records the workers keep with their heartbeats (jobs.broker.reservations), so with 5
 real workers a dashboard whose old worker cache would be stale (just after a pause and a
-resume) answers within less than one broadcast's reply timeout, and no message goes to Celery's pidbox (the channel every
-inspect/ping broadcast is published on) while it does."""
+resume) answers in less than one broadcast's reply timeout, and no message goes to Celery's
+pidbox (the channel every inspect/ping broadcast is published on) while it does."""
 
 from __future__ import annotations
 
