@@ -60,6 +60,21 @@ job_replayed = Signal()
 """Dead letters were replayed as new jobs. Arguments: job_ids (the new jobs' ids),
 dead_letter_ids, by (the operator, or None)."""
 
+# Step events (jobs.worker.steps): each step of self.step() a run reaches, in the worker, after
+# the step's ledger write. Durable sleeps and waits are not steps here: a parked job shows on
+# the dashboard and in backlot_queue_parked. A run that lost its claim has its step writes
+# refused and sends no step_finished for them.
+step_started = Signal()
+"""A step's function is about to run (its row is running, one more attempt). Arguments:
+job_id, name, position (0 for the job's first step), attempt (the job's)."""
+
+step_finished = Signal()
+"""A step ended. Arguments: job_id, name, position, attempt, outcome, seconds, exception.
+outcome "succeeded" (its result stored) or "failed" (it raised `exception`; the job's retry
+policy decides the rest), both after a step_started, `seconds` the function's run time; or
+"skipped": a later run of the job got the stored result back without running it (no
+step_started before it, seconds 0.0). `exception` is None unless failed."""
+
 # Batch events (jobs.flow.batches) are sent with this sender (and `task`), after the transaction
 # that made the change commits; each names the batch by `batch_id`.
 BATCH_SENDER = "jobs.batch"
@@ -91,6 +106,8 @@ ALL = {
     "cancelled": job_cancelled,
     "rate_limited": job_rate_limited,
     "replayed": job_replayed,
+    "step_started": step_started,
+    "step_finished": step_finished,
     "batch_opened": batch_opened,
     "batch_death": batch_death,
     "batch_completed": batch_completed,

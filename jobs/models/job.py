@@ -21,6 +21,17 @@ from jobs.core.states import (  # noqa: F401  (re-exported: the models' vocabula
     DeadLetterStatus,
     JobState,
 )
+from jobs.models.step import JobStep, StepState
+
+
+def parked_condition(now: datetime | None = None) -> Q:
+    """A parked job: in a durable sleep or a wait_for() (jobs.worker.steps), its wake-up (a
+    wait's timeout) still ahead. The ledger marks it so (jobs.ledger.steps.sleep): its row is
+    scheduled for the wake-up and its sleep/wait step is sleeping. Not backlog: it holds no
+    worker and waits for its time or its signal; once due (the time came, or the signal moved
+    scheduled_for to now) it waits for a worker like any due row."""
+    sleeping = JobStep.objects.filter(state=StepState.SLEEPING).values("job_id")
+    return Q(state=JobState.SCHEDULED, scheduled_for__gt=now or timezone.now(), id__in=sleeping)
 
 
 class JobQuerySet(OwnedQuerySet["Job"]):
@@ -46,6 +57,10 @@ class JobQuerySet(OwnedQuerySet["Job"]):
             published_at__isnull=True,
             scheduled_for__lte=now or timezone.now(),
         )
+
+    def parked(self, now: datetime | None = None) -> JobQuerySet:
+        """Jobs in a durable sleep or a wait_for() whose time has not come (parked_condition)."""
+        return self.filter(parked_condition(now))
 
     def unpublished(self) -> JobQuerySet:
         """Queued jobs whose message has not reached the broker yet (the outbox)."""

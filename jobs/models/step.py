@@ -85,7 +85,20 @@ class JobStep(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "name"], name="jobs_step_job_name_uniq"),
         ]
-        indexes = [models.Index(fields=["job", "position"], name="jobs_step_job_position")]
+        indexes = [
+            models.Index(fields=["job", "position"], name="jobs_step_job_position"),
+            # The open sleeps and waits (parked jobs, jobs.models.job.parked_condition), read by
+            # the dashboard and every /metrics scrape as one hashed subquery. Without it the
+            # subquery scans every step: queue_stats over 100,000 active rows took 332 ms with
+            # 600,000 steps (20,000 parked), 148 ms with it, 112 ms counting no parked jobs
+            # (2 loaded cores). Step updates are not HOT anyway (rows are inserted densely):
+            # 30,000 state updates took no longer with it.
+            models.Index(
+                fields=["job"],
+                name="jobs_step_sleeping_idx",
+                condition=models.Q(state="sleeping"),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.job_id}:{self.name}"

@@ -1,5 +1,9 @@
 """The jobs dashboard in admin: per-queue numbers, workers, health, a throughput chart, and a
-Pause/Resume button per queue (permission pause_queue, audited)."""
+Pause/Resume button per queue (permission pause_queue, audited).
+
+A queue's jobs are counted once each: waiting (due, not running: the backlog), scheduled (a
+delay, an eta, a retry's backoff), parked (in a durable sleep or a wait_for(), their time not
+come: no worker held, not backlog; jobs.models.job.parked_condition) and running."""
 
 from __future__ import annotations
 
@@ -57,6 +61,7 @@ def dashboard_data() -> dict[str, Any]:
                 "state": "paused" if q.name in paused else "active",
                 "waiting": q.waiting,
                 "scheduled": q.scheduled,
+                "parked": q.parked,
                 "running": q.running,
                 "dead_letters": dead.get(q.name, 0),
                 "completed_last_hour": finished.get((q.name, JobState.SUCCEEDED), 0),

@@ -33,7 +33,16 @@ class BacklotCollector(Collector):
             "backlot_queue_depth", "Messages waiting in the broker per queue.", labels=["queue"]
         )
         scheduled = GaugeMetricFamily(
-            "backlot_queue_scheduled", "Jobs waiting for their time per queue.", labels=["queue"]
+            "backlot_queue_scheduled",
+            "Jobs waiting for their time per queue (a delay, an eta, a retry's backoff; parked "
+            "jobs are backlot_queue_parked).",
+            labels=["queue"],
+        )
+        parked = GaugeMetricFamily(
+            "backlot_queue_parked",
+            "Jobs in a durable sleep or a wait_for() whose time has not come, per queue: no "
+            "worker held, not backlog.",
+            labels=["queue"],
         )
         running = GaugeMetricFamily(
             "backlot_queue_running", "Jobs running per queue.", labels=["queue"]
@@ -49,9 +58,10 @@ class BacklotCollector(Collector):
             paused.add_metric([q.name], 1 if q.name in paused_now else 0)
             depth.add_metric([q.name], q.waiting)
             scheduled.add_metric([q.name], q.scheduled)
+            parked.add_metric([q.name], q.parked)
             running.add_metric([q.name], q.running)
             oldest.add_metric([q.name], q.oldest_wait_seconds)
-        yield from (depth, scheduled, running, oldest, paused)
+        yield from (depth, scheduled, parked, running, oldest, paused)
         dead = GaugeMetricFamily(
             "backlot_dead_letters", "Dead letters by task and status.", labels=["task", "status"]
         )

@@ -18,6 +18,7 @@ from jobs.broker.reservations import workers_present
 from jobs.core.conf import backlot_settings
 from jobs.flow.relay import unknown_tasks
 from jobs.models import DeadLetter, Job, JobState
+from jobs.models.job import parked_condition
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class QueueStats:
     name: str
     waiting: int  # due and not running: the larger of the ledger's count and Redis' messages
     waiting_due: int  # of those, scheduled/retrying rows whose time has come
-    scheduled: int  # rows not due yet (delay, eta, retry backoff)
+    scheduled: int  # rows not due yet (delay, eta, retry backoff), parked ones left out
+    parked: int  # in a durable sleep or a wait_for() whose time has not come: not backlog
     running: int
     in_broker: int  # messages in Redis' lists (untracked jobs too; not countdowns a worker holds)
     oldest_wait_seconds: float  # since the oldest waiting job was enqueued or became due (0: none)
@@ -60,6 +62,7 @@ def queue_stats() -> list[QueueStats]:
             due=Count("id", filter=due),
             first_enqueued=Min("enqueued_at"),
             first_due=Min("scheduled_for", filter=due),
+            parked=Count("id", filter=parked_condition(now)),
         )
         .order_by()
     }
@@ -68,6 +71,7 @@ def queue_stats() -> list[QueueStats]:
         queued = rows.get((queue, JobState.QUEUED)) or {}
         later = [rows.get((queue, s)) or {} for s in (JobState.SCHEDULED, JobState.RETRYING)]
         waiting_due = sum(r.get("due", 0) for r in later)
+        parked = sum(r.get("parked", 0) for r in later)
         since = [
             first
             for first in (queued.get("first_enqueued"), *(r.get("first_due") for r in later))
@@ -78,7 +82,8 @@ def queue_stats() -> list[QueueStats]:
                 name=queue,
                 waiting=max(depths[queue], queued.get("n", 0) + waiting_due),
                 waiting_due=waiting_due,
-                scheduled=sum(r.get("n", 0) - r.get("due", 0) for r in later),
+                scheduled=sum(r.get("n", 0) - r.get("due", 0) for r in later) - parked,
+                parked=parked,
                 running=(rows.get((queue, JobState.RUNNING)) or {}).get("n", 0),
                 in_broker=depths[queue],
                 oldest_wait_seconds=max(0.0, (now - min(since)).total_seconds()) if since else 0.0,

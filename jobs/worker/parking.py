@@ -11,6 +11,7 @@ import logging
 from django.utils import timezone
 
 from jobs import ledger
+from jobs.broker import counters
 from jobs.core.conf import backlot_settings
 from jobs.worker import outcomes
 from jobs.worker.lease import refused
@@ -24,6 +25,7 @@ def parked(
     task: Runnable, args: tuple, kwargs: dict, attempt: int, sleep: Parked, run_seconds: float
 ) -> None:
     """Record the sleep and publish the wake-up (when the broker should hold it)."""
+    counters.flush()  # the run's step counts (jobs.worker.telemetry): a park sends no outcome
     job_id = outcomes.job_id_of(task)
     delay = (sleep.wake_at - timezone.now()).total_seconds()
     held_by_broker = delay <= backlot_settings().MAX_BROKER_COUNTDOWN

@@ -35,6 +35,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.utils import timezone
 
 from jobs import ledger
+from jobs.core import events
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import (
     BacklotError,
@@ -180,21 +181,30 @@ def run_step(task: Any, name: str, fn: Callable[..., Any], args: tuple, kwargs: 
     if book is None:
         return fn(*args, **kwargs)
     position, stored = book.take(name, "step")
-    if stored is not None and stored.state == StepState.SUCCEEDED:
-        return stored.result
     hold = book.hold
+    step = {"task": task.name, "job_id": book.job_id, "name": name, "position": position,
+            "attempt": hold.attempt}  # fmt: skip
+    if stored is not None and stored.state == StepState.SUCCEEDED:
+        events.send(events.step_finished, **step, outcome="skipped", seconds=0.0, exception=None)
+        return stored.result
     _write(hold, ledger.step_started, "step", name=name, position=position)
+    events.send(events.step_started, **step)
     book.inside = name
+    started = time.monotonic()
     try:
         result = stored_result(name, fn(*args, **kwargs))
     except LeaseLost:
         raise
     except Exception as exc:
+        seconds = time.monotonic() - started
         _write(hold, ledger.step_failed, "step", name=name, exc=exc)
+        events.send(events.step_finished, **step, outcome="failed", seconds=seconds, exception=exc)
         raise
     finally:
         book.inside = ""
+    seconds = time.monotonic() - started
     _write(hold, ledger.step_succeeded, "step", name=name, result=result)
+    events.send(events.step_finished, **step, outcome="succeeded", seconds=seconds, exception=None)
     book.record(
         JobStep(
             job_id=book.job_id,

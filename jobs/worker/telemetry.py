@@ -25,6 +25,9 @@ RUNTIME = "backlot:metrics:runtime:"  # + task: fields bucket bounds, "sum", "co
 # The same by queue, for dashboards and alerts that look at a queue rather than a task.
 QUEUE_FINISHED = "backlot:metrics:queue_finished"  # field "queue\tstate" -> count
 QUEUE_RUNTIME = "backlot:metrics:queue_runtime:"  # + queue: like RUNTIME
+# Durable steps ended (jobs.core.events.step_finished), added up in the process and written with
+# the run's outcome or its park (jobs.broker.counters): no Redis round trip of their own.
+STEPS = "backlot:metrics:steps"  # field "task\toutcome" -> count
 # Run-time buckets (seconds): from a no-op to a one-hour transcode.
 BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 
@@ -80,6 +83,16 @@ def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
     for field, count in client.hgetall(RATE_LIMITED).items():
         waits.add_metric([redis_text(field)], int(count))
     yield waits
+    steps = CounterMetricFamily(
+        "backlot_steps",
+        "Durable steps (self.step) ended, by task and outcome: succeeded, failed, or skipped "
+        "(a later run got the stored result back without running it).",
+        labels=["task", "outcome"],
+    )
+    for field, count in client.hgetall(STEPS).items():
+        task, _, outcome = redis_text(field).partition("\t")
+        steps.add_metric([task, outcome], int(count))
+    yield steps
     yield _histogram(client, "backlot_job_run_seconds", "task", RUNTIME)
     yield _histogram(client, "backlot_queue_job_run_seconds", "queue", QUEUE_RUNTIME)
 
@@ -168,8 +181,13 @@ def _count_rate_limited(sender: str, **kwargs: Any) -> None:
     record_rate_limited(sender)
 
 
+def _count_step(sender: str, *, outcome: str, **kwargs: Any) -> None:
+    counters.add(STEPS, f"{sender}\t{outcome}")
+
+
 def connect() -> None:
     """Subscribe the log lines and metrics to the job events (idempotent)."""
     for name, receive in _RECEIVERS.items():
         events.ALL[name].connect(receive, dispatch_uid=f"backlot-telemetry-{name}")
     events.job_rate_limited.connect(_count_rate_limited, dispatch_uid="backlot-telemetry-rate")
+    events.step_finished.connect(_count_step, dispatch_uid="backlot-telemetry-steps")

@@ -34,6 +34,7 @@ COLUMNS = [
     ("state", "state"),
     ("waiting", "waiting"),
     ("sched", "scheduled"),
+    ("parked", "parked"),
     ("running", "running"),
     ("dead", "dead_letters"),
     ("done 1h", "completed_last_hour"),

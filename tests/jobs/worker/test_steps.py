@@ -31,7 +31,10 @@ TIMEOUT = 60
 class StepWorker(PlatformWorker):
     """A real worker of the project on the `reports` queue, with the step jobs loaded."""
 
-    def __init__(self, name: str, env: dict[str, str], concurrency: int) -> None:
+    def __init__(
+        self, name: str, env: dict[str, str], concurrency: int, imports: tuple[str, ...] = ()
+    ) -> None:
+        modules = ",".join(("tests.support.tasks", "tests.support.step_tasks", *imports))
         super().__init__(
             "config",
             queues="reports",
@@ -40,8 +43,8 @@ class StepWorker(PlatformWorker):
             env=env,
             cwd=ROOT,
             log_dir=LOG_DIR,
-            extra_args=["-I", "tests.support.tasks,tests.support.step_tasks", "--without-gossip",
-                        "--without-mingle", "--without-heartbeat", "-l", "INFO"],
+            extra_args=["-I", modules, "--without-gossip", "--without-mingle",
+                        "--without-heartbeat", "-l", "INFO"],
         )  # fmt: skip
 
     def kill(self) -> None:
@@ -56,8 +59,11 @@ def step_worker(
 ) -> Iterator[Callable[..., StepWorker]]:
     started: list[StepWorker] = []
 
-    def start(name: str = "steps", concurrency: int = 1, **env: str) -> StepWorker:
-        worker = StepWorker(name, {**worker_env, **env}, concurrency)
+    def start(
+        name: str = "steps", concurrency: int = 1, imports: tuple[str, ...] = (), **env: str
+    ) -> StepWorker:
+        """A worker; `imports`: more modules it loads (-I), e.g. receivers of the events."""
+        worker = StepWorker(name, {**worker_env, **env}, concurrency, imports)
         started.append(worker)
         return worker
 
