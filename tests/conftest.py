@@ -26,9 +26,17 @@ LOG_DIR = ROOT / ".data" / "test-logs" / os.environ.get("PYTEST_XDIST_WORKER", "
 SHARED_GROUPS = {"tests/scale/": "scale"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist's --dist loadgroup, a file's tests run in one process (its module
-    fixtures, workers among them, start once), files of a SHARED_GROUPS folder together."""
+    fixtures, workers among them, start once), files of a SHARED_GROUPS folder together.
+
+    First among the hooks: pytest-xdist's own (in each worker) reads the xdist_group marks
+    to name each test's group, so they must be there before it runs. Without the grouping
+    (on pytest 9, which pyproject therefore excludes) every test was scheduled alone: the two
+    parametrized runs of one module fixture ran at once in both processes, sharing what the
+    fixture took to be theirs alone (test_host_adopt's Redis database), and module fixtures
+    such as tests/scale's cluster started in both."""
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         group = next((g for prefix, g in SHARED_GROUPS.items() if path.startswith(prefix)), path)
