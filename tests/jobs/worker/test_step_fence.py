@@ -10,12 +10,10 @@ import os
 import signal
 import time
 
-from jobs.broker.redis import redis_client, redis_text
 from jobs.enqueue.publish import publish_job
 from jobs.models import Job, JobState, JobStep, StepState
-from jobs.worker.lease import FENCING
 from tests.conftest import set_flag, wait_until
-from tests.jobs.worker.test_fencing import relay_until
+from tests.jobs.worker.test_fencing import fencing_counts, relay_until
 from tests.jobs.worker.test_steps import (  # noqa: F401 (step_worker: the fixture)
     ended,
     history,
@@ -25,11 +23,6 @@ from tests.jobs.worker.test_steps import (  # noqa: F401 (step_worker: the fixtu
 from tests.support import step_tasks
 
 LEASE = "3"  # the stopped run's lease lapses after 3 s
-
-
-def refusals() -> dict[str, int]:
-    raw = redis_client().hgetall(FENCING)
-    return {redis_text(k): int(v) for k, v in raw.items()}
 
 
 def test_a_second_copy_delivered_while_a_step_runs_runs_no_step(step_worker, unique):  # noqa: F811
@@ -102,5 +95,5 @@ def test_a_stopped_run_taken_over_writes_no_step_and_runs_no_later_one(step_work
     job = Job.objects.get(id=handle.id)
     assert job.state == JobState.SUCCEEDED and job.attempts == 2
     assert job.result == [{"rows": [1, 2, 3]}, 6, "total 6"]
-    assert refusals().get("refused:finish", 0) >= 1  # counted (the metrics' fencing counts)
+    assert fencing_counts().get("refused:finish", 0) >= 1  # counted (the metrics' fencing counts)
     assert first.process.poll() is None  # the stopped worker lives on
