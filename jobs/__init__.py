@@ -28,6 +28,7 @@ _EXPORTS = {
     "current_batch": "jobs.flow.batches",
     "Cancellation": "jobs.flow.cancellation",
     "acting_as": "jobs.core.context",
+    "current_job_id": "jobs.core.context",
     "AlreadyFinished": "jobs.core.exceptions",
     "JobCancelled": "jobs.core.exceptions",
     "LeaseLost": "jobs.core.exceptions",
@@ -106,6 +107,7 @@ __all__ = [
     "batch",
     "cancel",
     "current_batch",
+    "current_job_id",
     "dead_letter_discard",
     "dead_letter_discard_many",
     "dead_letter_replay",
@@ -147,7 +149,7 @@ if TYPE_CHECKING:
     from jobs.broker.pausing import pause, paused_queues, resume
     from jobs.core import events, http
     from jobs.core.conf import backlot_settings
-    from jobs.core.context import acting_as
+    from jobs.core.context import acting_as, current_job_id
     from jobs.core.exceptions import (
         AlreadyFinished,
         BacklotError,

@@ -7,7 +7,7 @@ outcome (GET /api/jobs/, the admin dashboard). A requested report is emailed onl
 requester's own address unless they hold reports.email_report_elsewhere: otherwise the platform
 would relay PDFs to anyone. Staff status does not lift that rule (superusers hold every
 permission). The scheduler sends its reports to BACKLOT_REPORT_RECIPIENTS and asks no one
-(services.report_schedule_run does not come here).
+(services.report_schedule_make does not come here).
 """
 
 from __future__ import annotations

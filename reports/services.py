@@ -23,6 +23,7 @@ from jobs.models import Job
 from . import conf
 from .access import report_request_authorize
 from .exceptions import ReportInputError, ReportNotReady
+from .figures import figures_dump, figures_load
 from .kinds import kind_spec
 from .models import Report, ReportKind, ReportOrigin, ReportStatus
 from .rendering import pdf_file_name, pdf_write
@@ -110,46 +111,92 @@ def report_render(
     a replay of a failed render.
     """
     report = Report.objects.get(pk=report_id)
+    if _rendered_or_cancelled(report):
+        return _render_summary(report)
+    started = time.monotonic()
+    counter = _Counter(report, progress)
+    context = _figures(report, counter, job_id)
+    return _lay_out(report, context, counter, started)
+
+
+def report_figures(
+    *, report_id: int, progress: Progress | None = None, job_id: str | None = None
+) -> dict[str, Any] | None:
+    """The report's figures as JSON (reports.figures): the scheduled job's "query" step, kept
+    by the ledger so that a retried layout does not query again. None when the report is
+    already ready or was cancelled (nothing to lay out)."""
+    report = Report.objects.get(pk=report_id)
+    if _rendered_or_cancelled(report):
+        return None
+    figures: dict[str, Any] = figures_dump(_figures(report, _Counter(report, progress), job_id))
+    return figures
+
+
+def report_lay_out(
+    *, report_id: int, figures: dict[str, Any] | None, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Lay out the report's template over `figures` (report_figures) as a PDF and store it:
+    the scheduled job's "render" step."""
+    report = Report.objects.get(pk=report_id)
+    if figures is None or _rendered_or_cancelled(report):
+        return _render_summary(report)
+    report.mark_rendering()
+    counter = _Counter(report, progress, done=len(kind_spec(report.kind).sections))
+    return _lay_out(report, figures_load(figures), counter, time.monotonic())
+
+
+def _rendered_or_cancelled(report: Report) -> bool:
     if (
         report.status == ReportStatus.READY
         and report.file
         and default_storage.exists(report.file.name)
     ):
-        logger.info("Report %s is already rendered; nothing to do", report_id)
-        return _render_summary(report)
+        logger.info("Report %s is already rendered; nothing to do", report.pk)
+        return True
     if report.status == ReportStatus.CANCELLED:
-        logger.info("Report %s was cancelled; not rendered", report_id)
-        return _render_summary(report)
+        logger.info("Report %s was cancelled; not rendered", report.pk)
+        return True
+    return False
+
+
+class _Counter:
+    """A render's progress: one step per section, then HTML, layout and the PDF file."""
+
+    def __init__(self, report: Report, progress: Progress | None, done: int = 0) -> None:
+        self.progress, self.done = progress, done
+        self.total = len(kind_spec(report.kind).sections) + 3
+
+    def __call__(self, message: str) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total, message)
+
+
+def _figures(report: Report, counter: _Counter, job_id: str | None) -> dict[str, Any]:
+    """The report's template context: its kind's figures over its parameters."""
     spec = kind_spec(report.kind)
     try:
         params = params_parse(report.kind, report.params)
     except ReportInputError as exc:
-        raise Permanent(f"Report {report_id} has invalid parameters: {exc}") from None
-
+        raise Permanent(f"Report {report.pk} has invalid parameters: {exc}") from None
     report.mark_rendering(job_id=job_id)
-    total = len(spec.sections) + 3  # sections, then HTML, layout, PDF file
-    done = 0
+    if counter.progress is not None:
+        counter.progress(counter.done, counter.total, "computing figures")
+    context: dict[str, Any] = spec.build(params, lambda section: counter(f"computed {section}"))
+    return {**context, "params": params, "kind_title": spec.title}
 
-    def step(message: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, message)
 
-    started = time.monotonic()
-    if progress is not None:
-        progress(0, total, "computing figures")
-    context = spec.build(params, lambda section: step(f"computed {section}"))
-    html = render_to_string(
-        spec.template,
-        {**context, "report": report, "params": params, "kind_title": spec.title},
-    )
-    step("rendered HTML")
+def _lay_out(
+    report: Report, context: dict[str, Any], counter: _Counter, started: float
+) -> dict[str, Any]:
+    """Render the template over `context`, write the PDF, mark the report ready."""
+    html = render_to_string(kind_spec(report.kind).template, {**context, "report": report})
+    counter("rendered HTML")
     created = report.created_at
     pdf = pdf_write(
         html=html,
         name=pdf_file_name(token=report.uid, year=created.year, month=created.month),
-        on_step=step,
+        on_step=counter,
     )
     seconds = time.monotonic() - started
     report.mark_ready(
@@ -157,7 +204,7 @@ def report_render(
     )
     logger.info(
         "Report %s rendered: %s pages, %s bytes in %.2fs",
-        report_id,
+        report.pk,
         pdf.pages,
         pdf.size_bytes,
         seconds,
@@ -289,20 +336,20 @@ def report_email(*, report_id: int, send_job: PlatformTask[[int], str]) -> int:
     return queued
 
 
-def report_schedule_run(
+def report_schedule_make(
     *,
     kind: str,
     days: int,
     zone: str,
-    trigger_job_id: str | None,
+    trigger_job_id: str,
     recipients: Sequence[str] | None = None,
-    render_job: PlatformTask[[int], dict[str, Any]],
-    email_job: PlatformTask[[int], int],
-) -> Report:
-    """A scheduled report: the last `days` whole days before today (in `zone`), then rendered
-    by `render_job` and emailed to the configured recipients by `email_job` (report_enqueue).
+) -> int:
+    """A scheduled report's row: the last `days` whole days before today (in `zone`), to be
+    emailed to the configured recipients. The scheduled job (`trigger_job_id`) renders and
+    emails it in later steps, so it is the report's job (status, progress, cancel).
 
-    Keyed by the scheduling job's id: a redelivered run returns the report it already made.
+    Keyed by the scheduling job's id: a run that made the row but died before its step was
+    recorded gets the same report back. Returns the report's id.
     """
     today = timezone.now().astimezone(ZoneInfo(zone)).date()
     end = today - timedelta(days=1)
@@ -322,17 +369,12 @@ def report_schedule_run(
                 origin=ReportOrigin.SCHEDULE,
                 email_to=recipients,
                 trigger_job_id=trigger_job_id,
-            )
-            report_enqueue(
-                report=report,
-                priority=SCHEDULED_PRIORITY,
-                render_job=render_job,
-                email_job=email_job,
+                job_id=trigger_job_id,
             )
     except IntegrityError:
         report = Report.objects.get(trigger_job_id=trigger_job_id)
         logger.info("Scheduled run %s already created report %s", trigger_job_id, report.pk)
-        return report
+        return report.pk
     logger.info(
         "Scheduled %s report %s for %s, %s recipient(s)",
         kind,
@@ -340,7 +382,37 @@ def report_schedule_run(
         params.label,
         len(recipients),
     )
-    return report
+    return report.pk
+
+
+def report_job_follow(*, report_id: int, job_id: str) -> None:
+    """Job `job_id` works on the report now (a dead scheduled job's replay is a new job that
+    gets the finished steps back): its status, progress and cancel follow that job."""
+    Report.objects.filter(pk=report_id).exclude(job_id=job_id).update(job_id=job_id)
+
+
+def report_has_recipients(*, report_id: int) -> bool:
+    return bool(Report.objects.filter(pk=report_id).values_list("email_to", flat=True).get())
+
+
+def report_schedule_stopped(
+    *,
+    job_id: str | None,
+    kind: str,
+    days: int,
+    zone: str,
+    error: str,
+    cancelled: bool = False,
+) -> None:
+    """Scheduled job `job_id` gave up (or was cancelled, `cancelled`). The report it works on
+    says so: failed (or cancelled) before its PDF was ready, or ready with the reason it was
+    not emailed; a run that gave up before it made its report leaves a failed report of the
+    schedule (report_schedule_failed)."""
+    report = Report.objects.filter(job_id=job_id).first() if job_id else None
+    if report is not None:
+        report_email_stopped(report_id=report.pk, reason=error, cancelled=cancelled)
+    elif not cancelled:
+        report_schedule_failed(kind=kind, days=days, zone=zone, error=error)
 
 
 def report_status(*, report: Report) -> dict[str, Any]:

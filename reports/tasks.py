@@ -1,10 +1,12 @@
 """Report jobs: thin wrappers that unpack ids and call reports.services (which never import this).
 
 Each `<thing>_job` keeps the Celery name it was registered under (reports.schedules names
-"reports.scheduled"), and hands the services the jobs they chain to. Each job's on_dead and
-on_cancelled hooks leave its report saying so: the render's fail or cancel the report, the email
-step's keep a ready report's PDF and say why it was not emailed, a dead scheduled run leaves a
-failed report of the schedule.
+"reports.scheduled"), and hands the services the jobs they chain to. A requested report is a
+render job chained to an email job; a scheduled one is one job of durable steps (report, query,
+render, email). Each job's on_dead and on_cancelled hooks leave its report saying so: before
+the PDF is ready they fail or cancel the report, after it they keep the PDF and say why it was
+not emailed; a scheduled run that dies before it made its report leaves a failed report of the
+schedule.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from django.db.utils import InterfaceError, OperationalError
 
 from emails.tasks import email_send_job
-from jobs import DEFAULT_RETRY_ON, RetryPolicy, job
+from jobs import DEFAULT_RETRY_ON, RetryPolicy, current_job_id, job
 
 from . import services
 
@@ -51,14 +53,30 @@ def _email_cancelled(args: tuple, kwargs: dict) -> None:
     )
 
 
-def _scheduled_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+def _scheduled_named(args: tuple, kwargs: dict) -> dict[str, Any]:
     # (kind, days=1, timezone="UTC"), as reports.schedules sends them
     named = dict(zip(("kind", "days", "timezone"), args, strict=False)) | kwargs
-    services.report_schedule_failed(
-        kind=str(named.get("kind", "")),
-        days=int(named.get("days", 1)),
-        zone=str(named.get("timezone", "UTC")),
+    return {
+        "kind": str(named.get("kind", "")),
+        "days": int(named.get("days", 1)),
+        "zone": str(named.get("timezone", "UTC")),
+    }
+
+
+def _scheduled_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
+    services.report_schedule_stopped(
+        job_id=current_job_id(),
+        **_scheduled_named(args, kwargs),
         error=f"the scheduled job gave up: {type(exc).__name__}: {exc}",
+    )
+
+
+def _scheduled_cancelled(args: tuple, kwargs: dict) -> None:
+    services.report_schedule_stopped(
+        job_id=current_job_id(),
+        **_scheduled_named(args, kwargs),
+        error="the scheduled job was cancelled: the PDF was not emailed",
+        cancelled=True,
     )
 
 
@@ -96,21 +114,40 @@ def report_email_job(report_id: int) -> int:
 @job(
     name="reports.scheduled",
     queue="reports",
+    priority=services.SCHEDULED_PRIORITY,
     bind=True,
-    time_limit=60,
-    retry=RetryPolicy(max_attempts=3),
-    # No on_cancelled: a scheduled run writes its report and enqueues its render in one
-    # transaction, so a cancelled run has made nothing (and the render job has hooks of its own).
+    time_limit=300,
+    retry=RENDER_POLICY,
     on_dead=_scheduled_gave_up,
+    on_cancelled=_scheduled_cancelled,
 )
 def report_scheduled_job(self: Any, kind: str, days: int = 1, timezone: str = "UTC") -> int:
-    """Started by celery beat (reports.schedules): make the report, render it, email it."""
-    report = services.report_schedule_run(
+    """Started by celery beat (reports.schedules): make the report, query its figures, lay
+    out its PDF, email it: four durable steps, so that a retry or a dead letter's replay
+    after a failed layout or email does not query (or render) again."""
+    report_id: int = self.step(
+        "report",
+        services.report_schedule_make,
         kind=kind,
         days=days,
         zone=timezone,
         trigger_job_id=self.request.id,
-        render_job=report_render_job,
-        email_job=report_email_job,
     )
-    return report.pk
+    services.report_job_follow(report_id=report_id, job_id=self.request.id)
+    figures = self.step(
+        "query",
+        services.report_figures,
+        report_id=report_id,
+        progress=self.progress,
+        job_id=self.request.id,
+    )
+    self.step(
+        "render",
+        services.report_lay_out,
+        report_id=report_id,
+        figures=figures,
+        progress=self.progress,
+    )
+    if services.report_has_recipients(report_id=report_id):  # stored: the same on every run
+        self.step("email", services.report_email, report_id=report_id, send_job=email_send_job)
+    return report_id

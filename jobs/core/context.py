@@ -6,7 +6,9 @@ a run) and the user the code acts for (``acting_as(user)``, which jobs.web.middl
 request). enqueue() gives a new job the owner passed to it, else the user acted for, else the
 owner of the running job that enqueues it (a fan-out, a canvas member or callback); and it
 records the running job as the new job's parent, so a cancel reaches what a job fanned out.
-A third variable names the batch that jobs enqueued inside ``with jobs.batch(...)`` join.
+A third variable names the batch that jobs enqueued inside ``with jobs.batch(...)`` join, and a
+fourth the job whose on_dead or on_cancelled hook runs now (``current_job_id()`` reads it: a hook
+may run in the relay's or the canceller's process, outside any run).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class JoiningBatch:
 _running: ContextVar[RunningJob | None] = ContextVar("backlot_running_job", default=None)
 _joining: ContextVar[JoiningBatch | None] = ContextVar("backlot_joining_batch", default=None)
 _acting_for: ContextVar[Any] = ContextVar("backlot_acting_for", default=None)
+_hook_of: ContextVar[str | None] = ContextVar("backlot_hook_of", default=None)
 
 
 @contextmanager
@@ -62,6 +65,26 @@ def running(job_id: str, owner_id: int | None) -> Iterator[None]:
 
 def running_job() -> RunningJob | None:
     return _running.get()
+
+
+@contextmanager
+def hook_of(job_id: Any) -> Iterator[None]:
+    """Inside the on_dead or on_cancelled hook of job `job_id` (whichever process calls it)."""
+    token = _hook_of.set(str(job_id))
+    try:
+        yield
+    finally:
+        _hook_of.reset(token)
+
+
+def current_job_id() -> str | None:
+    """The id of the job whose code runs now: inside its run (its steps too) or inside its
+    on_dead / on_cancelled hook, in whichever process calls the hook. None elsewhere."""
+    hook = _hook_of.get()
+    if hook is not None:
+        return hook
+    running = _running.get()
+    return running.job_id if running is not None else None
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 
 from jobs import ledger
 from jobs.broker import slots
-from jobs.core import events
+from jobs.core import context, events
 from jobs.core.exceptions import AlreadyFinished, UnknownTask
 from jobs.core.states import ACTIVE_STATES, FINISHED_STATES, JobState
 from jobs.models import Job
@@ -100,7 +100,7 @@ def _cancel_children(job: Job, *, by: Any) -> Cancellation:
 
     def after_commit() -> None:
         _after_commit(waiting, running, by)
-        _call_on_cancelled(job.task_name, job.args, job.kwargs)
+        _call_on_cancelled(job)
 
     transaction.on_commit(after_commit)
     return Cancellation(
@@ -161,7 +161,7 @@ def _after_commit(cancelled: list[Job], requested: list[Job], by: Any) -> None:
             while_running=False,
             by=by,
         )
-        _call_on_cancelled(job.task_name, job.args, job.kwargs)
+        _call_on_cancelled(job)
     terminate = [str(job.id) for job in requested if _terminates(job.task_name)]
     if terminate:
         current_app.control.revoke(terminate, terminate=True, signal=TERMINATE_SIGNAL)
@@ -193,18 +193,20 @@ def _terminates(task_name: str) -> bool:
         return False
 
 
-def _call_on_cancelled(task_name: str, args: Any, kwargs: Any) -> None:
-    """Run the job's on_cancelled hook; its failure is logged, never raised."""
+def _call_on_cancelled(job: Job) -> None:
+    """Run the job's on_cancelled hook (jobs.current_job_id() names the job there); its
+    failure is logged, never raised."""
     try:
-        hook = task_by_name(task_name).on_cancelled
+        hook = task_by_name(job.task_name).on_cancelled
     except UnknownTask:
         return
     if hook is None:
         return
     try:
-        hook(tuple(args), dict(kwargs))
+        with context.hook_of(job.id):
+            hook(tuple(job.args), dict(job.kwargs))
     except Exception:
-        logger.exception("on_cancelled hook of %s failed", task_name)
+        logger.exception("on_cancelled hook of %s failed", job.task_name)
 
 
 def cancel_many(job_ids: Iterable[Any], *, by: Any = None) -> tuple[int, int]:

@@ -244,7 +244,7 @@ def _announce_dead(job: Job, exc: BaseException, dead_letter_id: int | None, tas
         dead_letter_id=dead_letter_id,
     )
     if task is not None:
-        outcomes.call_on_dead(task, exc, job.args, job.kwargs)
+        outcomes.call_on_dead(task, job.id, exc, job.args, job.kwargs)
 
 
 def _report_unknown_tasks() -> None:

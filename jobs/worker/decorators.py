@@ -103,7 +103,8 @@ def job(
     e.g. to mark the domain row failed.
     cancel="terminate" kills the job's pool process when it is cancelled while running (for
     work that never calls progress(), such as one long ffmpeg call); on_cancelled(args, kwargs)
-    runs once it is cancelled.
+    runs once it is cancelled. In either hook, jobs.current_job_id() is the job's id (the hook
+    may run in the relay's or the canceller's process).
 
     The result is typed PlatformTask[P, R]: `.enqueue(...)`, `.delay(...)` and the function
     call itself are checked against the function's parameters (without `self` when bind=True).

@@ -17,7 +17,7 @@ from django.db import DatabaseError, InterfaceError, connection
 
 from jobs import ledger
 from jobs.broker import counters, slots
-from jobs.core import events
+from jobs.core import context, events
 from jobs.core.conf import backlot_settings
 from jobs.models import Job, JobState
 from jobs.worker.lease import refused
@@ -185,7 +185,7 @@ def give_up(
         exception=exc,
         dead_letter_id=dead_letter.pk if dead_letter else None,
     )
-    call_on_dead(task, exc, args, kwargs)
+    call_on_dead(task, job_id_of(task), exc, args, kwargs)
 
 
 def cancel_requested(job_id: str) -> bool:
@@ -228,17 +228,20 @@ def stopped_on_request(
     )
     if task.on_cancelled is not None:
         try:
-            task.on_cancelled(tuple(args), dict(kwargs))
+            with context.hook_of(job_id_of(task)):
+                task.on_cancelled(tuple(args), dict(kwargs))
         except Exception:
             logger.exception("on_cancelled hook of %s failed", task.name)
 
 
-def call_on_dead(task: Runnable, exc: BaseException, args: Any, kwargs: Any) -> None:
-    """Run the job's on_dead hook; its failure is logged, never raised over the original."""
+def call_on_dead(task: Runnable, job_id: Any, exc: BaseException, args: Any, kwargs: Any) -> None:
+    """Run job `job_id`'s on_dead hook (jobs.current_job_id() names it there); its failure
+    is logged, never raised over the original."""
     if task.on_dead is None:
         return
     try:
-        task.on_dead(exc, tuple(args), dict(kwargs))
+        with context.hook_of(job_id):
+            task.on_dead(exc, tuple(args), dict(kwargs))
     except Exception:
         logger.exception("on_dead hook of %s failed", task.name)
 

@@ -24,7 +24,7 @@ from django.db import close_old_connections
 
 from jobs import ledger
 from jobs.broker.broker import backlot_priority
-from jobs.core import events
+from jobs.core import context, events
 from jobs.core.policies import TimeLimitHit
 from jobs.models import Job, JobState
 from jobs.worker import execution, outcomes
@@ -135,7 +135,8 @@ class PlatformRequest(Request):
         )
         if task.on_cancelled is not None:
             try:
-                task.on_cancelled(tuple(self.args), dict(self.kwargs))
+                with context.hook_of(self.id):
+                    task.on_cancelled(tuple(self.args), dict(self.kwargs))
             except Exception:
                 logger.exception("on_cancelled hook of %s failed", task.name)
 

@@ -12,7 +12,7 @@ from django_celery_beat.models import PeriodicTask, PeriodicTasks
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from config.celery import app as celery_app
-from jobs.models import Job, JobState
+from jobs.models import Job, JobState, JobStep, StepState
 from reports.models import Report, ReportKind, ReportOrigin, ReportStatus
 from reports.schedules import DAILY_OPERATIONS, schedules_sync
 from tests.conftest import wait_until
@@ -227,7 +227,8 @@ def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
     # when: beat sends the entry, the way it does at 09:00
     result = scheduler.apply_async(entry, advance=False)
 
-    # then: the scheduled job made the report, the chain rendered it and then emailed it
+    # then: the scheduled job made the report, queried its figures, rendered it and emailed it,
+    # each a step of that one job
     trigger = final_job(result.id)
     assert trigger.state == JobState.SUCCEEDED and trigger.queue == "reports"
     report = Report.objects.get(trigger_job_id=result.id)
@@ -247,11 +248,13 @@ def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
         what="the report emails",
     )
     assert sorted(message["To"] for message in received) == sorted(RECIPIENTS.split(","))
-    email_step = Job.objects.get(task_name="reports.email", args=[report.pk])
-    assert report.job_id is not None
-    render = Job.objects.get(id=report.job_id)
-    assert email_step.started_at is not None and render.finished_at is not None
-    assert email_step.state == JobState.SUCCEEDED and email_step.started_at >= render.finished_at
+    assert str(report.job_id) == result.id and trigger.result == report.pk
+    steps = list(JobStep.objects.filter(job_id=result.id).order_by("position"))
+    assert [(s.name, s.state, s.attempts) for s in steps] == [
+        (name, StepState.SUCCEEDED, 1) for name in ("report", "query", "render", "email")
+    ]
+    assert steps[0].result == report.pk and steps[3].result == 2  # two emails queued
+    assert not Job.objects.filter(parent_id=result.id).exclude(task_name="emails.send").exists()
     for message in received:
         [pdf] = [part for part in message.walk() if part.get_content_type() == "application/pdf"]
         reader, text = pdf_text(pdf.get_payload(decode=True))
@@ -262,33 +265,23 @@ def test_beat_run_makes_renders_and_emails_the_report(rworker, mailbox):
 
 
 @pytest.mark.clock  # the 7 days before today in New York
-def test_a_redelivered_scheduled_run_makes_no_second_report(rworker):
+def test_a_redelivered_scheduled_run_makes_no_second_report(db):
     from reports import services
-    from reports.tasks import report_email_job, report_render_job
 
+    # a run that made its report and died before its step was recorded runs the step again
     trigger = "6f1c2a8e-1111-4a4a-9b9b-123456789abc"
-    first = services.report_schedule_run(
-        kind="operations",
-        days=7,
-        zone="America/New_York",
-        trigger_job_id=trigger,
-        recipients=[],
-        render_job=report_render_job,
-        email_job=report_email_job,
-    )
-    again = services.report_schedule_run(
-        kind="operations",
-        days=7,
-        zone="America/New_York",
-        trigger_job_id=trigger,
-        recipients=[],
-        render_job=report_render_job,
-        email_job=report_email_job,
-    )
 
-    assert again.pk == first.pk and Report.objects.count() == 1
-    assert Job.objects.filter(task_name="reports.render").count() == 1
-    end = date.fromisoformat(first.params["end"])
-    assert (end - date.fromisoformat(first.params["start"])).days == 6
-    assert final_report(first.pk).status == ReportStatus.READY  # rendered, not emailed
-    assert not Job.objects.filter(task_name="reports.email").exists()
+    def make() -> int:
+        return services.report_schedule_make(
+            kind="operations", days=7, zone="America/New_York", recipients=[],
+            trigger_job_id=trigger,
+        )  # fmt: skip
+
+    first, again = make(), make()
+
+    assert again == first and Report.objects.count() == 1
+    report = Report.objects.get()
+    assert str(report.job_id) == trigger and report.status == ReportStatus.QUEUED
+    end = date.fromisoformat(report.params["end"])
+    assert (end - date.fromisoformat(report.params["start"])).days == 6
+    assert not Job.objects.exists()  # the scheduled job itself renders it, in its next steps
