@@ -30,14 +30,22 @@ BULK_BATCH = 1000
 def insert(job: Job) -> None:
     """A new job (queued, or scheduled for later): one INSERT, atomic on its own.
 
-    The statement is built once per database and the row's values prepared by each field, as
-    Model.save(force_insert=True) does, without the ORM's per-call query compilation (two
-    thirds of an enqueue's Python work, measured). Job has no pre_save/post_save receivers of
-    the platform's; the documented hook is events.job_enqueued, sent after commit."""
-    fields = _insert_fields()
-    values = [f.get_db_prep_save(f.pre_save(job, True), connection) for f in fields]
+    The statement is built once per database and set of columns, and the row's values prepared
+    by each field, as Model.save(force_insert=True) does, without the ORM's per-call query
+    compilation (two thirds of an enqueue's Python work, measured). A nullable column whose
+    value is None is left out (its column defaults to NULL): 15 of Job's 35 at a plain enqueue,
+    each a value prepared and bound for nothing. Job has no pre_save/post_save receivers of the
+    platform's; the documented hook is events.job_enqueued, sent after commit."""
+    fields = []
+    values = []
+    for field in _insert_fields():
+        value = field.pre_save(job, True)
+        if value is None and field.null:
+            continue
+        fields.append(field)
+        values.append(field.get_db_prep_save(value, connection))
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(connection.vendor), values)
+        cursor.execute(_insert_sql(connection.vendor, tuple(fields)), values)
     job._state.adding = False
     job._state.db = connection.alias
 
@@ -47,11 +55,11 @@ def _insert_fields() -> tuple[Any, ...]:
     return tuple(f for f in Job._meta.concrete_fields if not f.generated)
 
 
-@functools.cache
-def _insert_sql(vendor: str) -> str:
+@functools.lru_cache(maxsize=64)
+def _insert_sql(vendor: str, fields: tuple[Any, ...]) -> str:
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in _insert_fields())
-    marks = ", ".join(["%s"] * len(_insert_fields()))
+    columns = ", ".join(quote(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
     return f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({marks})"
 
 
