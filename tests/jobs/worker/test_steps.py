@@ -1,5 +1,5 @@
 """Durable steps (jobs.worker.steps) on real worker processes, Redis and PostgreSQL: a finished
-step runs once per job across retries, a kill -9 of its worker and a dead letter's replay; a
+step runs once per job across retries, a kill -9 of its worker and a dead letter's replay from the admin; a
 changed step order is a clear error; a durable sleep holds no worker and resumes once."""
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from django.utils import timezone
 import jobs
 from jobs.broker.redis import redis_client
 from jobs.core.exceptions import StepResultTooLarge
-from jobs.flow.deadletters import dead_letter_replay
 from jobs.flow.relay import job_relay
 from jobs.models import DeadLetter, Job, JobState, JobStep, StepState
 from jobs.testing import Worker as PlatformWorker
@@ -136,7 +135,9 @@ def test_a_worker_killed_during_step_two_does_not_rerun_step_one(step_worker, un
     ]
 
 
-def test_a_job_dead_at_step_three_replayed_does_not_rerun_steps_one_and_two(step_worker, unique):
+def test_a_job_dead_at_step_three_replayed_does_not_rerun_steps_one_and_two(
+    step_worker, unique, admin_client
+):
     # given: a job that dies at its third step (two attempts, both failing there)
     step_worker()
     handle = step_tasks.three_dies.enqueue(unique, fail_times=2)
@@ -145,15 +146,24 @@ def test_a_job_dead_at_step_three_replayed_does_not_rerun_steps_one_and_two(step
     assert (runs(f"{unique}:one"), runs(f"{unique}:two"), runs(f"{unique}:three")) == (1, 1, 2)
     letter = DeadLetter.objects.get(job_id_value=handle.id)
 
-    # when: an operator replays its dead letter
-    replay = dead_letter_replay(dead_letter=letter)
-    job = wait_until(functools.partial(ended, replay.id), timeout=TIMEOUT, what="the replay")
+    # when: an operator replays its dead letter from the admin's dead-letter list
+    response = admin_client.post(
+        "/admin/jobs/deadletter/",
+        {"action": "replay_selected", "_selected_action": [letter.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    letter.refresh_from_db()
+    assert letter.replayed_job_id is not None
+    job = wait_until(
+        functools.partial(ended, str(letter.replayed_job_id)), timeout=TIMEOUT, what="the replay"
+    )
 
     # then: the new job succeeded with the first two steps' stored results, not run again
     assert job.state == JobState.SUCCEEDED, job.error
     assert job.result == [{"rows": [1, 2, 3]}, 6, "total 6"]
     assert (runs(f"{unique}:one"), runs(f"{unique}:two"), runs(f"{unique}:three")) == (1, 1, 3)
-    copied = {s.name: s.copied_from for s in JobStep.objects.of_job(replay.id)}
+    copied = {s.name: s.copied_from for s in JobStep.objects.of_job(job.id)}
     assert copied == {"fetch": dead.id, "sum": dead.id, "post": None}
 
 
