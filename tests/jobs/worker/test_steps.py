@@ -1,6 +1,7 @@
 """Durable steps (jobs.worker.steps) on real worker processes, Redis and PostgreSQL: a finished
-step runs once per job across retries, a kill -9 of its worker and a dead letter's replay from the admin; a
-changed step order is a clear error; a durable sleep holds no worker and resumes once."""
+step runs once per job across retries, a kill -9 of its worker and a dead letter's replay from
+the admin; a changed step order is a clear error; a durable sleep holds no worker and resumes
+once."""
 
 from __future__ import annotations
 
