@@ -74,12 +74,12 @@ def run_enqueue(*, full: bool = False) -> CaseResult:
     result.extra["python_calls_per_call"] = calls
     for name, per_call in calls.items():
         result.figure(f"{name} Python calls", [per_call], "per call", what="cProfile total_calls")
-    fewest = max(calls["enqueue_ledger_on"], calls["delay_ledger_on"])
+    most = max(calls["enqueue_ledger_on"], calls["delay_ledger_on"])  # the dearer of the two
     result.target(
         "Python calls per ledger-on enqueue (enqueue() and .delay()) < bare delay()",
-        fewest,
+        most,
         f"< {calls['bare_delay']:.0f}",
-        fewest < calls["bare_delay"],
+        most < calls["bare_delay"],
         detail=f"enqueue() {calls['enqueue_ledger_on']:.0f}, .delay() "
         f"{calls['delay_ledger_on']:.0f}, bare delay() {calls['bare_delay']:.0f}",
     )
