@@ -1,6 +1,7 @@
 """The broker side of the platform: the only module that knows kombu and Redis' queue layout.
 
-Publish one job (through Celery's apply_async, so canvas options keep working), publish many
+Publish one job (Backlot's own protocol-2 message in one Redis round trip, jobs.broker.protocol,
+or Celery's apply_async where canvas options or a host's publish hooks need it), publish many
 (Celery's protocol-2 builder and kombu's pipelined batch), slim Backlot's messages, map
 priorities, and read queue depths and unacknowledged counts. Nothing here writes the ledger:
 callers mark what the broker took.
@@ -19,6 +20,7 @@ from kombu.exceptions import KombuError
 from kombu.utils.json import loads
 from redis.exceptions import RedisError
 
+from jobs.broker import protocol
 from jobs.broker.redis import redis_client
 from jobs.core.masking import message_repr
 
@@ -94,7 +96,29 @@ def publish(
     # Flower) win over Backlot's masked copies.
     options.setdefault("argsrepr", message_repr(args))
     options.setdefault("kwargsrepr", message_repr(kwargs))
+    app = task.app
     try:
+        short = protocol.route(app, queue) if protocol.takes(task, options, eta) else None
+        if short is not None:
+            parent = app.current_worker_task
+            protocol.push(
+                short,
+                queue,
+                protocol.build(
+                    task=task,
+                    job_id=job_id,
+                    args=args,
+                    kwargs=kwargs,
+                    queue=queue,
+                    priority=broker_priority(priority),
+                    delivery_mode=short.delivery_mode,
+                    options=options,
+                    parent=parent,
+                ),
+            )
+            if parent is not None:
+                parent.add_trail(app.AsyncResult(job_id))  # as send_task does
+            return True
         task.apply_async(
             list(args),
             dict(kwargs),

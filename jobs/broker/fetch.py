@@ -40,7 +40,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError, ResponseError
 
-from jobs.broker.reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
+from jobs.broker.protocol import BELL, BELL_CAP
+from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings
 
 logger = logging.getLogger(__name__)

@@ -53,10 +53,6 @@ HEARTBEAT = "backlot:worker:"
 # because their job was running or finished (counts; for /metrics).
 RESTORED = "backlot:metrics:reservations_restored"
 DROPPED = "backlot:metrics:reservations_dropped"
-# A queue's doorbell (jobs.broker.fetch): a token pushed with each of its task messages, which a
-# consumer waiting for one pops; at most BELL_CAP wait (they carry nothing).
-BELL = "backlot:bell:"
-BELL_CAP = 100
 # A worker's presence, for the cockpit (the dashboard, /metrics, /health/): its node name ->
 # JSON {"queues", "concurrency", "pid", "beat"} under PRESENCE + node, TTL HEARTBEAT_TTL, in
 # the platform's Redis; the set PRESENCE_NODES names them. Written by the same thread as the

@@ -22,10 +22,9 @@ import redis
 from celery import current_app
 from kombu.utils.json import dumps, loads
 
+from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.redis import redis_client
 from jobs.broker.reservations import (
-    BELL,
-    BELL_CAP,
     DROPPED,
     HEARTBEAT,
     OWNERS,

@@ -29,8 +29,9 @@ from kombu.transport import redis as kombu_redis
 
 from jobs.broker import fetch
 from jobs.broker.broker import queue_keys
+from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.redis import redis_client
-from jobs.broker.reservations import BELL, BELL_CAP, OWNERS, ReservingQoS
+from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings
 from jobs.enqueue.submit import enqueue_many
 from jobs.models import Job, JobState

@@ -1,0 +1,237 @@
+"""One job's message straight to Redis: Backlot's own protocol-2 builder and one pipelined
+round trip (the message's LPUSH and its queue's doorbell), without Celery's send_task and
+kombu's Producer in between.
+
+Celery's path builds the same message through the router, the exec options, the producer
+pool, the Producer, the channel's prepare/augment steps and the transport's put: ~1,800
+Python calls and a new redis-py client object per message (measured, cProfile, Celery 5.7),
+which is most of what a ledger-on enqueue costs beyond its INSERT. What a worker reads is the
+same, field for field (tests/jobs/broker/test_protocol.py compares the two in Redis).
+
+The short path is taken only where it is the same message: Redis transport, protocol 2, JSON
+without compression, a due job (no eta) on a declared direct-exchange queue without TTLs, only
+the options below, no sent events, and no receiver of before_task_publish/after_task_publish
+but Backlot's own (a host's tracing or auditing receiver must see every message). Anything
+else goes through Celery's apply_async, as before (jobs.broker.broker.publish decides).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import os
+import socket
+import threading
+import uuid
+from bisect import bisect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery.backends.base import Backend
+from celery.signals import after_task_publish, before_task_publish
+from kombu.utils.json import dumps
+
+from jobs.core.conf import backlot_settings
+
+# The publish options a short-path message can carry; any other (link, expires, shadow,
+# stamps, countdown...) takes Celery's path.
+SHORT_OPTIONS = frozenset(
+    {"retries", "headers", "argsrepr", "kwargsrepr", "time_limit", "soft_time_limit"}
+)
+# Receivers of the publish signals that the short path stands in for: Backlot's message
+# slimming (jobs.worker.signals), which the builder below does itself.
+OWN_RECEIVER_MODULES = frozenset({"jobs.worker.signals"})
+# A queue's doorbell (jobs.broker.fetch): a token pushed with each of its task messages, which a
+# consumer waiting for one pops; at most BELL_CAP wait (they carry nothing).
+BELL = "backlot:bell:"
+BELL_CAP = 100
+# A message's embed: no callbacks, errbacks, chain or chord (those take Celery's path).
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a queue's messages go in the broker's Redis, read once from kombu's channel."""
+
+    client: redis.Redis
+    prefix: str
+    sep: str
+    steps: tuple[int, ...]
+    min_priority: int
+    max_priority: int
+    delivery_mode: int
+
+    def list_key(self, priority: int) -> str:
+        """kombu's list for a message of this broker priority (Channel._q_for_pri)."""
+        level = max(min(priority, self.max_priority), self.min_priority)
+        step = self.steps[bisect(self.steps, level) - 1]
+        return f"{self.sep}{step}" if step else ""
+
+
+_lock = threading.Lock()
+_routes: dict[tuple[int, int, str], Route | None] = {}
+_signals_seen: dict[int, tuple[int, bool]] = {}
+
+
+def _only_own_receivers(signal: Any, sender: str) -> bool:
+    """Whether every receiver of `signal` for `sender` is Backlot's own (re-read whenever the
+    number of receivers changes)."""
+    count = len(signal.receivers)
+    seen = _signals_seen.get(id(signal))
+    if seen is not None and seen[0] == count:
+        return seen[1]
+    receivers = signal._live_receivers(sender)  # Celery's own resolution of weak receivers
+    own = all(getattr(r, "__module__", None) in OWN_RECEIVER_MODULES for r in receivers)
+    _signals_seen[id(signal)] = (count, own)
+    return own
+
+
+def route(app: Any, queue: str) -> Route | None:
+    """The Redis route of `queue` for the short path, or None where it does not apply."""
+    key = (id(app), os.getpid(), queue)
+    try:
+        return _routes[key]
+    except KeyError:
+        pass
+    with _lock:
+        if key not in _routes:
+            _routes[key] = _read_route(app, queue)
+    return _routes[key]
+
+
+def _read_route(app: Any, queue: str) -> Route | None:
+    conf = app.conf
+    if (
+        conf.task_protocol != 2
+        or conf.task_send_sent_event
+        or conf.task_compression
+        or conf.task_serializer != "json"
+    ):
+        return None
+    if type(app.backend).on_task_call is not Backend.on_task_call:
+        return None  # a backend that acts on each call (rpc://) needs Celery's send_task
+    declared = app.amqp.queues.get(queue)
+    if declared is None or declared.exchange is None or declared.exchange.type != "direct":
+        return None
+    arguments = declared.queue_arguments or {}
+    if declared.expires or declared.message_ttl or "x-expires" in arguments:
+        return None  # kombu's put refreshes a queue's expiry with every message
+    with app.pool.acquire(block=True, timeout=5) as connection:
+        if connection.transport.driver_type != "redis":
+            return None
+        channel = connection.default_channel
+        if getattr(channel, "body_encoding", None) != "base64":
+            return None
+        pool = channel.client.connection_pool
+        if type(pool) is not redis.ConnectionPool:
+            return None  # Sentinel's pool follows its master: Celery's path keeps it
+        return Route(
+            client=redis.Redis(connection_pool=_blocking_pool(pool, conf)),
+            prefix=channel.global_keyprefix or "",
+            sep=channel.sep,
+            steps=tuple(channel.priority_steps),
+            min_priority=channel.min_priority,
+            max_priority=channel.max_priority,
+            delivery_mode=getattr(declared.exchange, "delivery_mode", None) or 2,
+        )
+
+
+def _blocking_pool(pool: redis.ConnectionPool, conf: Any) -> redis.BlockingConnectionPool:
+    """A pool of the short path's own on the broker's connection parameters, which waits for a
+    free connection as Celery's producer pool does (kombu's channel pool raises "Too many
+    connections" past its 10 when more threads publish at once): broker_pool_limit connections
+    (kombu's 10 where it is unlimited), broker_pool_acquire_timeout to wait (10 s if unset)."""
+    limit = conf.broker_pool_limit or pool.max_connections
+    return redis.BlockingConnectionPool(
+        connection_class=pool.connection_class,
+        max_connections=max(limit, pool.max_connections),
+        timeout=conf.broker_pool_acquire_timeout or 10,
+        **pool.connection_kwargs,
+    )
+
+
+def takes(task: Any, options: Mapping[str, Any], eta: Any) -> bool:
+    """Whether this publish may take the short path (the queue is checked by route())."""
+    return (
+        eta is None
+        and options.keys() <= SHORT_OPTIONS
+        and getattr(task, "serializer", "json") == "json"
+        and not getattr(task, "compression", None)
+        and _only_own_receivers(before_task_publish, task.name)
+        and _only_own_receivers(after_task_publish, task.name)
+    )
+
+
+@functools.cache
+def _origin(pid: int) -> str:
+    """Celery's anon_nodename(): the publishing process, gen<pid>@<host>."""
+    return f"gen{pid}@{socket.gethostname()}"
+
+
+def build(
+    *,
+    task: Any,
+    job_id: str,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    queue: str,
+    priority: int,
+    delivery_mode: int,
+    options: Mapping[str, Any],
+    parent: Any = None,
+) -> dict[str, Any]:
+    """The message as kombu's Redis transport stores it: Celery's protocol-2 headers (those at
+    their default left out, as jobs.broker.broker.slim_message leaves them), the body
+    [args, kwargs, embed] in base64, and the delivery properties."""
+    headers: dict[str, Any] = {
+        "task": task.name,
+        "id": job_id,
+        "timelimit": [
+            options.get("time_limit", task.time_limit),
+            options.get("soft_time_limit", task.soft_time_limit),
+        ],
+        "argsrepr": options["argsrepr"],
+        "kwargsrepr": options["kwargsrepr"],
+        "origin": _origin(os.getpid()),
+    }
+    retries = options.get("retries")
+    if retries:
+        headers["retries"] = retries
+    if parent is not None:  # as send_task: the running task is the message's parent
+        request = parent.request
+        root_id = request.root_id or request.id
+        if root_id and root_id != job_id:
+            headers["root_id"] = root_id
+        if request.id:
+            headers["parent_id"] = request.id
+    if task.ignore_result:
+        headers["ignore_result"] = True
+    if options.get("headers"):
+        headers.update(options["headers"])
+    body = dumps([list(args), dict(kwargs), _EMBED])
+    return {
+        "body": base64.b64encode(body.encode("utf-8")).decode("ascii"),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": {
+            "delivery_mode": delivery_mode,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": priority,
+            "body_encoding": "base64",
+            "delivery_tag": str(uuid.uuid4()),
+        },
+    }
+
+
+def push(route: Route, queue: str, message: dict[str, Any]) -> None:
+    """The message's LPUSH on its list and its queue's bell, one pipelined round trip."""
+    key = f"{route.prefix}{queue}{route.list_key(message['properties']['priority'])}"
+    with route.client.pipeline(transaction=False) as pipe:
+        pipe.lpush(key, dumps(message))
+        if backlot_settings().ATOMIC_FETCH:  # the bell rings only for the atomic fetch
+            pipe.lpush(f"{route.prefix}{BELL}{queue}", 1)
+            pipe.ltrim(f"{route.prefix}{BELL}{queue}", 0, BELL_CAP - 1)
+        pipe.execute()

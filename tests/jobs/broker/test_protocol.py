@@ -1,0 +1,241 @@
+"""jobs.broker.protocol: a job's message built by Backlot and pushed in one round trip is the
+message Celery's apply_async would have stored in Redis, field for field (but for the
+delivery tag, a new uuid each), a worker runs it, and what the short path cannot carry still
+goes through Celery.
+
+The messages are read from the broker's Redis as a worker would pop them (the `reports`
+queue: the suite's session worker does not consume it)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from celery import current_app
+from celery.signals import before_task_publish
+
+from jobs.broker import broker
+from jobs.broker.broker import queue_keys
+from jobs.broker.redis import redis_client
+from jobs.core.masking import message_repr
+from jobs.models import Job, JobState
+from tests.conftest import Worker, marks, wait_until
+from tests.support import tasks
+
+QUEUE = "reports"
+
+
+def popped() -> list[dict[str, Any]]:
+    """Every message on QUEUE's lists (all priorities), removed, oldest first."""
+    found = []
+    for key in queue_keys(QUEUE):
+        while (raw := redis_client().rpop(key)) is not None:
+            assert isinstance(raw, bytes)
+            found.append({"list": key, **json.loads(raw)})
+    return found
+
+
+def comparable(message: dict[str, Any]) -> dict[str, Any]:
+    message = json.loads(json.dumps(message))
+    tag = message["properties"].pop("delivery_tag")
+    assert uuid.UUID(tag)
+    message["body"] = json.loads(base64.b64decode(message["body"]))
+    return message
+
+
+def publish(job_id: str, *, celerys: bool, **extra: Any) -> None:
+    """One job's message, by jobs.broker.broker.publish (the short path where it applies) or
+    by Celery's apply_async with the same arguments (what publish did before)."""
+    args, kwargs = [job_id], {"label": "a"}
+    options = {"retries": 2, "headers": {"traceparent": "00-abc-def-01"}, **extra}
+    if celerys:
+        tasks.prioritized.apply_async(
+            args,
+            kwargs,
+            task_id=job_id,
+            queue=QUEUE,
+            priority=broker.broker_priority(7),
+            eta=None,
+            _backlot_internal=True,
+            argsrepr=message_repr(args),
+            kwargsrepr=message_repr(kwargs),
+            **options,
+        )
+        return
+    assert publish_one(job_id, args=args, kwargs=kwargs, options=options)
+
+
+def publish_one(
+    job_id: str,
+    *,
+    args: list[Any] | None = None,
+    kwargs: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+) -> bool:
+    """jobs.broker.broker.publish of one job on QUEUE, priority 7: whether the broker took it."""
+    return broker.publish(
+        task=tasks.prioritized,
+        job_id=job_id,
+        args=args if args is not None else [job_id],
+        kwargs=kwargs if kwargs is not None else {},
+        queue=QUEUE,
+        priority=7,
+        eta=None,
+        options=dict(options or {}),
+    )
+
+
+@pytest.fixture
+def empty_queue(clean_redis: None) -> Iterator[None]:
+    popped()
+    yield
+    popped()
+
+
+@pytest.fixture
+def celery_sends(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The task ids Celery's send_task published (the long path) while the test ran."""
+    sent: list[str] = []
+    app_class = type(current_app._get_current_object())  # type: ignore[attr-defined]
+    send_task = app_class.send_task
+
+    def counted(app: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(kwargs.get("task_id") or "")
+        return send_task(app, name, *args, **kwargs)
+
+    monkeypatch.setattr(app_class, "send_task", counted)
+    return sent
+
+
+def test_the_short_path_stores_the_message_celery_would(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: the same job published both ways
+    job_id = str(uuid.uuid4())
+    publish(job_id, celerys=True)
+    [celerys] = popped()
+    assert celery_sends == [job_id]
+    publish(job_id, celerys=False)
+    [ours] = popped()
+    assert celery_sends == [job_id], "publish() went through Celery's send_task"
+
+    # then: the same list (priority 7's), headers, properties and body
+    assert comparable(ours) == comparable(celerys)
+    assert ours["list"] == queue_keys(QUEUE)[broker.broker_priority(7)]
+    assert ours["headers"]["retries"] == 2 and ours["headers"]["traceparent"] == "00-abc-def-01"
+
+
+def test_the_short_path_takes_one_round_trip_and_rings_the_bell(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: a counter of what this process sends Redis
+    sent: list[Any] = []
+    pool = redis_client().connection_pool
+    connection = pool.get_connection()
+    pool.release(connection)
+    connection_class = type(connection)
+    original = connection_class.send_packed_command
+
+    def counted(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(command)
+        original(self, command, check_health)
+
+    job_id = str(uuid.uuid4())
+    publish(str(uuid.uuid4()), celerys=False)  # the queue's route is read once per process
+    popped()
+    connection_class.send_packed_command = counted  # type: ignore[method-assign]
+    try:
+        publish(job_id, celerys=False)
+    finally:
+        connection_class.send_packed_command = original  # type: ignore[method-assign]
+
+    # then: one packet to Redis, the message's LPUSH with the bell's LPUSH and LTRIM
+    assert len(sent) == 1
+    packet = b"".join(sent[0]) if isinstance(sent[0], list) else sent[0]
+    assert packet.count(b"LPUSH") == 2 and packet.count(b"LTRIM") == 1
+    assert [m["headers"]["id"] for m in popped()] == [job_id]
+    assert celery_sends == []
+
+
+def test_a_host_receiver_of_before_task_publish_still_sees_every_message(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: a host's own receiver of Celery's publish signal (tracing, auditing)
+    seen: list[str] = []
+
+    def audit(sender: str | None = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.append((headers or {}).get("id", ""))
+
+    before_task_publish.connect(audit, weak=False)
+    try:
+        job_id = str(uuid.uuid4())
+        publish(job_id, celerys=False)
+    finally:
+        before_task_publish.disconnect(audit)
+
+    # then: the message went through Celery's path, which sent the signal
+    assert seen == [job_id] and celery_sends == [job_id]
+    assert [m["headers"]["id"] for m in popped()] == [job_id]
+
+
+def test_options_the_short_path_cannot_carry_go_through_celery(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # when: a job with an expiry and a link callback is published
+    job_id = str(uuid.uuid4())
+    link = tasks.record.si("x")
+    publish(job_id, celerys=False, expires=600, link=link)
+
+    # then: its message carries them as Celery writes them
+    [message] = popped()
+    assert celery_sends == [job_id]
+    body = json.loads(base64.b64decode(message["body"]))
+    assert message["headers"]["expires"] is not None
+    assert body[2]["callbacks"][0]["task"] == "tests.record"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_runs_a_short_path_job(
+    worker: Worker, unique: str, celery_sends: list[str]
+) -> None:
+    # when: an enqueue from a view or a shell (the short path: no eta, no canvas options)
+    handle = tasks.record.delay(unique, "short")
+    assert celery_sends == []
+
+    # then: the worker ran it once, and the ledger says so
+    wait_until(lambda: marks(unique), timeout=30, what="the job to run")
+    wait_until(
+        lambda: Job.objects.get(id=handle.id).state == JobState.SUCCEEDED,
+        timeout=30,
+        what="the job to succeed",
+    )
+    assert [label for _, label in marks(unique)] == ["short"]
+
+
+def test_more_threads_than_broker_connections_all_publish(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: more threads than broker_pool_limit's connections, released at once
+    threads = 3 * (current_app.conf.broker_pool_limit or 10)
+    start = threading.Barrier(threads)
+    job_ids = [str(uuid.uuid4()) for _ in range(threads)]
+    published: list[bool] = []
+
+    def one(job_id: str) -> None:
+        start.wait(timeout=10)
+        published.append(publish_one(job_id))
+
+    # when
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(one, job_ids))
+
+    # then: each waited for a connection (as Celery's producer pool waits) and published
+    assert published == [True] * threads
+    assert sorted(m["headers"]["id"] for m in popped()) == sorted(job_ids)
+    assert celery_sends == []
