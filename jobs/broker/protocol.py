@@ -227,11 +227,32 @@ def build(
 
 
 def push(route: Route, queue: str, message: dict[str, Any]) -> None:
-    """The message's LPUSH on its list and its queue's bell, one pipelined round trip."""
+    """The message's LPUSH on its list and its queue's bell's LPUSH and LTRIM, packed into one
+    packet on one pooled connection and their replies read back: one round trip, without
+    redis-py's Pipeline object (its command stack, per-command parsing hooks and retry wrapper
+    cost about as much Python as the LPUSH itself). The pool hands out a connection Redis has
+    closed since (a restart, a client timeout) reconnected; one that fails here is dropped; a
+    command Redis refuses is raised once every reply is read. Either error reaches publish(),
+    which leaves the job in the outbox."""
     key = f"{route.prefix}{queue}{route.list_key(message['properties']['priority'])}"
-    with route.client.pipeline(transaction=False) as pipe:
-        pipe.lpush(key, dumps(message))
-        if backlot_settings().ATOMIC_FETCH:  # the bell rings only for the atomic fetch
-            pipe.lpush(f"{route.prefix}{BELL}{queue}", 1)
-            pipe.ltrim(f"{route.prefix}{BELL}{queue}", 0, BELL_CAP - 1)
-        pipe.execute()
+    commands: list[tuple[Any, ...]] = [("LPUSH", key, dumps(message))]
+    if backlot_settings().ATOMIC_FETCH:  # the bell rings only for the atomic fetch
+        bell = f"{route.prefix}{BELL}{queue}"
+        commands += [("LPUSH", bell, 1), ("LTRIM", bell, 0, BELL_CAP - 1)]
+    pool = route.client.connection_pool
+    connection = pool.get_connection()
+    refused: redis.ResponseError | None = None
+    try:
+        connection.send_packed_command(connection.pack_commands(commands))
+        for _ in commands:  # every reply is read, so the connection stays in step
+            try:
+                connection.read_response()
+            except redis.ResponseError as exc:
+                refused = refused or exc
+    except BaseException:
+        connection.disconnect()  # a reply may be left unread: the connection is not reused
+        raise
+    finally:
+        pool.release(connection)
+    if refused is not None:
+        raise refused

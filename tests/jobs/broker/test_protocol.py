@@ -20,7 +20,7 @@ import pytest
 from celery import current_app
 from celery.signals import before_task_publish
 
-from jobs.broker import broker
+from jobs.broker import broker, protocol
 from jobs.broker.broker import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.core.masking import message_repr
@@ -239,3 +239,49 @@ def test_more_threads_than_broker_connections_all_publish(
     assert published == [True] * threads
     assert sorted(m["headers"]["id"] for m in popped()) == sorted(job_ids)
     assert celery_sends == []
+
+
+def test_a_connection_redis_closed_is_replaced_and_the_message_sent_once(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: the short path's pooled connection, closed by Redis since its last use (as a
+    # Redis restart or a client timeout leaves it)
+    assert publish_one(str(uuid.uuid4()))
+    popped()
+    route = protocol.route(current_app, QUEUE)
+    assert route is not None
+    pool = route.client.connection_pool
+    connection = pool.get_connection()
+    connection.send_command("CLIENT", "ID")
+    client_id = connection.read_response()
+    pool.release(connection)
+    assert redis_client().client_kill_filter(_id=client_id) == 1
+
+    # when
+    job_id = str(uuid.uuid4())
+    published = publish_one(job_id)
+
+    # then: published on a fresh connection (the pool reconnects it at checkout), once
+    assert published
+    assert [m["headers"]["id"] for m in popped()] == [job_id]
+    assert celery_sends == []
+
+
+def test_a_refused_push_leaves_the_connection_usable_for_the_next(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: the queue's list is taken by a value of another type, so Redis refuses the LPUSH
+    key = queue_keys(QUEUE)[broker.broker_priority(7)]
+    redis_client().set(key, "not a list")
+    try:
+        # when
+        refused = publish_one(str(uuid.uuid4()))
+    finally:
+        redis_client().delete(key)
+    job_id = str(uuid.uuid4())
+    published = publish_one(job_id)
+
+    # then: the first publish says the broker did not take it (its job stays in the outbox),
+    # and the next one on the same pool is stored, its replies not mixed with the first's
+    assert not refused and published
+    assert [m["headers"]["id"] for m in popped()] == [job_id]
