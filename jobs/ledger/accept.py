@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -66,29 +66,59 @@ def _insert_sql(vendor: str, fields: tuple[Any, ...]) -> str:
 def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> Job | None:
     """Insert `job` holding the idempotency `key`, or return the job that already holds it.
 
-    Runs in the caller's transaction (or its own): the key is a unique row, and IntegrityError
-    means another enqueue holds it.
+    Runs in the caller's transaction (or its own). The key's row goes first, `INSERT ... ON
+    CONFLICT DO NOTHING`: a new key inserts it and then the job (the record's foreign key is
+    checked at commit), an existing one inserts nothing, so no savepoint is needed to survive
+    the conflict (two round trips inside a transaction where the savepoints and the ORM's saves
+    took six). A concurrent enqueue of the same key waits on the key's index entry until the
+    first commits (then finds it held) or rolls back (then inserts it).
     """
     scoped = f"{job.task_name}:{key}"
-    with transaction.atomic():
-        try:
-            with transaction.atomic():
-                job.save(force_insert=True)
-                IdempotencyRecord.objects.create(key=scoped, job=job, created_at=now)
-                return None
-        except IntegrityError:
-            pass
+    with transaction.atomic(savepoint=False):
+        with connection.cursor() as cursor:
+            cursor.execute(_record_sql(connection.vendor), _record_values(scoped, job.id, now))
+            taken = cursor.rowcount == 1
+        if taken:
+            insert(job)
+            return None
         # Lock the record alone: a join would let PostgreSQL drop the row when another enqueue
         # re-points it to a new job while we wait for the lock.
         record = IdempotencyRecord.objects.select_for_update(of=("self",)).get(key=scoped)
         if record.holds(ttl, now):
             return record.job
         # The holder is dead or its success has expired: this enqueue takes the key over.
-        job.save(force_insert=True)
+        insert(job)
         record.job = job
         record.created_at = now
         record.save(update_fields=["job", "created_at"])
         return None
+
+
+def _record_values(key: str, job_id: uuid.UUID, now: datetime) -> list[Any]:
+    fields = _record_fields()
+    values = (key, job_id, now)
+    return [
+        field.get_db_prep_save(value, connection)
+        for field, value in zip(fields, values, strict=True)
+    ]
+
+
+@functools.cache
+def _record_fields() -> tuple[Any, ...]:
+    """The record's key, job and created_at fields, in the order of _record_sql's columns."""
+    by_name = {f.name: f for f in IdempotencyRecord._meta.concrete_fields}
+    return (by_name["key"], by_name["job"], by_name["created_at"])
+
+
+@functools.cache
+def _record_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    key, job, created_at = _record_fields()
+    columns = ", ".join(quote(f.column) for f in (key, job, created_at))
+    return (
+        f"INSERT INTO {quote(IdempotencyRecord._meta.db_table)} ({columns}) VALUES (%s, %s, %s) "
+        f"ON CONFLICT ({quote(key.column)}) DO NOTHING"
+    )
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,63 @@ def test_same_key_while_waiting_returns_the_first_job(clean_redis):
     assert Job.objects.count() == 1 and messages_waiting() == 1
 
 
+def test_same_key_twice_in_one_transaction_keeps_the_transaction_usable(clean_redis):
+    # when: the caller's own transaction enqueues a key, again, then goes on writing
+    with transaction.atomic():
+        first = tasks.prioritized.using(idempotency_key="order-8").enqueue("k", "a")
+        second = tasks.prioritized.using(idempotency_key="order-8").enqueue("k", "a")
+        after = tasks.prioritized.enqueue("k", "b")
+
+    # then: one job for the key, the transaction committed everything it did
+    assert second.id == first.id and not second.created
+    assert set(Job.objects.values_list("id", flat=True)) == {first.job().id, after.job().id}
+    assert messages_waiting() == 2
+
+
+def test_same_key_from_two_concurrent_transactions_makes_one_job(clean_redis):
+    # given: two threads inside their own transactions, the first holding the key uncommitted
+    import threading
+
+    inserted = threading.Event()
+    handles: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                handles["first"] = tasks.prioritized.using(idempotency_key="order-9").enqueue(
+                    "k", "a"
+                )
+                inserted.set()
+                # the second enqueue waits on the key's row until this commits
+                handles["second waited"] = not second_done.wait(timeout=1.0)
+        finally:
+            inserted.set()
+            connection.close()
+
+    second_done = threading.Event()
+
+    def second() -> None:
+        try:
+            assert inserted.wait(timeout=30)
+            handles["second"] = tasks.prioritized.using(idempotency_key="order-9").enqueue("k", "a")
+        finally:
+            second_done.set()
+            connection.close()
+
+    # when
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # then: the second returned the first's job once it committed; one row, one message
+    one, two = handles["first"], handles["second"]
+    assert handles["second waited"], "the second enqueue did not wait for the first's commit"
+    assert two.id == one.id and not two.created and one.created  # type: ignore[attr-defined]
+    assert Job.objects.count() == 1 and messages_waiting() == 1
+
+
 def test_keys_are_scoped_per_task(clean_redis):
     a = tasks.prioritized.using(idempotency_key="order-7").enqueue("k", "a")
     b = tasks.add.using(idempotency_key="order-7").enqueue(1, 2)
