@@ -184,6 +184,9 @@ class Heartbeat:
         with self._lock:
             self._count += 1
             owner = f"{self.worker_id}/{self._count}"
+            # set before the heartbeat thread can see the holder: register() returns only
+            # after its first beat, which waits on Redis (long while Redis is away)
+            holder.owner = owner
             self._holders.add(holder)
         running = self._thread is not None and self._thread.is_alive()
         self._beat([owner], HEARTBEAT_TTL if running else STARTUP_TTL)
@@ -206,6 +209,7 @@ class Heartbeat:
         """One heartbeat for every holder whose channel is still open."""
         with self._lock:
             owners = [h.owner for h in list(self._holders) if h.open and h.owner]
+        # (a holder's owner is set at register(), before it joins the set)
         if owners:
             self._beat(owners, HEARTBEAT_TTL)
         if self._presence is not None:
@@ -260,9 +264,14 @@ class Heartbeat:
         self._failing = False
 
     def _run(self) -> None:
+        # The thread must outlive any one failing beat: if it died, this live worker's holders
+        # would lapse and the relay would give back every message it holds as a dead worker's.
         while True:
             time.sleep(HEARTBEAT_EVERY)
-            self.beat()
+            try:
+                self.beat()
+            except Exception:  # logged; the next beat runs HEARTBEAT_EVERY s on
+                logger.exception("Worker heartbeat raised; it beats again in %s s", HEARTBEAT_EVERY)
 
 
 heartbeat = Heartbeat()

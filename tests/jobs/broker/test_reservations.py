@@ -173,6 +173,37 @@ def test_a_heartbeat_covers_every_open_channel_of_the_worker(broker: Any) -> Non
     assert not broker.exists(f"{HEARTBEAT}{second.owner}")
 
 
+def test_a_beat_while_a_channel_registers_covers_it(broker: Any) -> None:
+    # given: the heartbeat thread beating while a new channel's first beat waits on Redis (a
+    # reconnect after an outage); in CI this race killed the thread (AttributeError 'owner'),
+    # so the live worker's holders lapsed and its messages were given back as a dead one's
+    class Holder:
+        def __init__(self) -> None:
+            self.open = True
+
+    keeper = reservations.Heartbeat()
+    keeper.worker_id = "node@host:2:beef"
+    keeper._app, keeper._pid = current_app, os.getpid()
+    first_beat = keeper._beat
+    beaten: list[list[str]] = []
+
+    def beat_meanwhile(owners: list[str], ttl: int) -> None:
+        beaten.append(owners)
+        if len(beaten) == 1:
+            keeper.beat()  # what the thread does while register() waits here
+        first_beat(owners, ttl)
+
+    keeper._beat = beat_meanwhile  # type: ignore[method-assign]
+
+    # when
+    owner = keeper.register(Holder())  # type: ignore[arg-type]
+
+    # then: register's beat and the thread's beat in between both covered the new holder
+    assert owner == "node@host:2:beef/1"
+    assert beaten == [[owner], [owner]]
+    assert broker.ttl(f"{HEARTBEAT}{owner}") > 0
+
+
 def test_metrics_count_what_the_sweep_gave_back_and_dropped(broker: Any) -> None:
     from jobs.web.metrics import _processes
 
