@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -288,6 +288,9 @@ def park(task: Any, jobs: Sequence[Parking]) -> list[str]:
     when Redis is unavailable (the caller publishes them itself then)."""
     gates = Gates()
     conf = backlot_settings()
+    # Their callers mark these jobs' rows published (inserted marked, or marked after the
+    # park), so those let through at once cost no UPDATE here.
+    parked = {item.job_id for item in jobs}
     touched: dict[str, Gate] = {}
     waiting: list[tuple[Gate, str, str]] = []
     done: list[str] = []
@@ -319,7 +322,7 @@ def park(task: Any, jobs: Sequence[Parking]) -> list[str]:
         for gate in touched.values():
             horizon = horizon_for(gate.interval, conf.RATE_LIMIT_MAX_RESERVE)
             released = gates.dispatch(gate, horizon=horizon)
-            _publish(task.name, released)
+            _publish(task.name, released, marked=parked)
             if gate.interval:
                 _waits(task.name, gate, [j for g, j, _ in waiting if g is gate], released)
     except RedisError as exc:
@@ -342,9 +345,11 @@ def _waits(task_name: str, gate: Gate, parked: list[str], released: list[Release
         )
 
 
-def _publish(task_name: str, released: list[Released]) -> int:
+def _publish(task_name: str, released: list[Released], marked: Collection[str] = ()) -> int:
     """Publish released waiters (at their priority; a granted token as a countdown); each
-    counts as a re-send unless it was parked at enqueue, before any message of it was sent."""
+    counts as a re-send unless it was parked at enqueue, before any message of it was sent.
+    Their rows are marked published (a waiter's mark is as old as its park) but for those in
+    `marked`, whose publisher marks them."""
     sent, tracked = 0, []
     for item in released:
         message = json.loads(item.message)
@@ -378,7 +383,7 @@ def _publish(task_name: str, released: list[Released]) -> int:
         sent += 1
         if message.get("sent", True):
             count(RESENDS, message["task"] or task_name)
-        if message.get("track", True):
+        if message.get("track", True) and item.job_id not in marked:
             tracked.append(item.job_id)
     if tracked:
         ledger.mark_published(tracked)
