@@ -45,6 +45,8 @@ class JobHandle:
     id: str
     task_name: str
     created: bool = True
+    # When this call accepted the job it created (None where it returns another's job).
+    enqueued_at: datetime | None = None
 
     @property
     def status_url(self) -> str:
@@ -209,7 +211,7 @@ def enqueue(
         if idempotency_key:
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
         _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
-        return JobHandle(id=str(job.id), task_name=task.name)
+        return JobHandle(id=str(job.id), task_name=task.name, enqueued_at=now)
     if _born_cancelled(job, now, parent_stopping):
         if task_id is not None and Job.objects.filter(id=job.id).exists():
             # the task of a Task.replace(), its replaced job's row already there: nothing to send
@@ -254,7 +256,10 @@ def enqueue(
         _announce(job)
 
     _on_commit_or_now(on_commit, accepted)
-    return JobHandle(id=str(job.id), task_name=task.name)
+    # a row a Task.replace() took over (task_id given) keeps the enqueued_at of the job replaced
+    return JobHandle(
+        id=str(job.id), task_name=task.name, enqueued_at=now if task_id is None else None
+    )
 
 
 def _announce(job: Job) -> None:

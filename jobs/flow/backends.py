@@ -142,7 +142,8 @@ class CeleryBackend(BaseTaskBackend):
             task=task,
             id=handle.id,
             status=TaskResultStatus.READY,
-            enqueued_at=Job.objects.values_list("enqueued_at", flat=True).get(id=handle.id),
+            enqueued_at=handle.enqueued_at
+            or Job.objects.values_list("enqueued_at", flat=True).get(id=handle.id),
             started_at=None,
             finished_at=None,
             last_attempted_at=None,

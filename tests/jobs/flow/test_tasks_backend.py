@@ -154,6 +154,20 @@ def test_queues_empty_is_djangos_any_queue_of_those_backlot_declares(db):
     assert list(backend.check()) == []
 
 
+def test_enqueue_writes_its_row_and_reads_nothing_back(db):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    # when
+    with CaptureQueriesContext(connection) as queries:
+        result = std_tasks.add.enqueue(2, 40)
+
+    # then: one statement, the row's INSERT; the result's enqueued_at is the row's
+    statements = [q["sql"].lstrip().split(" ", 1)[0].upper() for q in queries.captured_queries]
+    assert statements == ["INSERT"]
+    assert result.enqueued_at == Job.objects.get(id=result.id).enqueued_at
+
+
 def test_get_result_of_an_unknown_id_does_not_exist(db):
     job = tasks.add.enqueue(1, 2)  # a Backlot @job, not a standard task
 
