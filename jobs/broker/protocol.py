@@ -234,11 +234,27 @@ def push(route: Route, queue: str, message: dict[str, Any]) -> None:
     closed since (a restart, a client timeout) reconnected; one that fails here is dropped; a
     command Redis refuses is raised once every reply is read. Either error reaches publish(),
     which leaves the job in the outbox."""
-    key = f"{route.prefix}{queue}{route.list_key(message['properties']['priority'])}"
-    commands: list[tuple[Any, ...]] = [("LPUSH", key, dumps(message))]
+    push_many(route, queue, [message])
+
+
+def push_many(route: Route, queue: str, messages: Sequence[dict[str, Any]]) -> None:
+    """Messages of one priority on their list in one LPUSH (the first given is the first a
+    consumer pops, as with one LPUSH each), with one bell token each up to BELL_CAP and the
+    bell's LTRIM: one packet, one round trip, as push()."""
+    if not messages:
+        return
+    priority = messages[0]["properties"]["priority"]
+    key = f"{route.prefix}{queue}{route.list_key(priority)}"
+    commands: list[tuple[Any, ...]] = [("LPUSH", key, *[dumps(m) for m in messages])]
     if backlot_settings().ATOMIC_FETCH:  # the bell rings only for the atomic fetch
         bell = f"{route.prefix}{BELL}{queue}"
-        commands += [("LPUSH", bell, 1), ("LTRIM", bell, 0, BELL_CAP - 1)]
+        tokens = [1] * min(len(messages), BELL_CAP)
+        commands += [("LPUSH", bell, *tokens), ("LTRIM", bell, 0, BELL_CAP - 1)]
+    _send(route, commands)
+
+
+def _send(route: Route, commands: list[tuple[Any, ...]]) -> None:
+    """`commands` in one packet on one of the route's pooled connections, every reply read."""
     pool = route.client.connection_pool
     connection = pool.get_connection()
     refused: redis.ResponseError | None = None

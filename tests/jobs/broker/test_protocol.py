@@ -285,3 +285,33 @@ def test_a_refused_push_leaves_the_connection_usable_for_the_next(
     # and the next one on the same pool is stored, its replies not mixed with the first's
     assert not refused and published
     assert [m["headers"]["id"] for m in popped()] == [job_id]
+
+
+def test_a_fan_out_stores_the_messages_kombus_batch_would(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # given: the same jobs published by a fan-out both ways (a host's receiver of Celery's
+    # publish signal sends them through kombu's batch, as before the short path)
+    jobs = [(str(uuid.uuid4()), [n], {"label": "a"}) for n in range(3)]
+    trace = {"traceparent": "00-abc-def-01"}
+
+    def host_receiver(**_: Any) -> None:
+        pass
+
+    before_task_publish.connect(host_receiver, weak=False)
+    try:
+        assert broker.publish_many(
+            task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, trace_context=trace
+        ) == len(jobs)
+    finally:
+        before_task_publish.disconnect(host_receiver)
+    kombus = popped()
+    assert broker.publish_many(
+        task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, trace_context=trace
+    ) == len(jobs)
+    ours = popped()
+
+    # then: the same messages, in the same order, on priority 7's list
+    assert [comparable(m) for m in ours] == [comparable(m) for m in kombus]
+    assert [m["headers"]["id"] for m in ours] == [job_id for job_id, _, _ in jobs]
+    assert {m["list"] for m in ours} == {queue_keys(QUEUE)[broker.broker_priority(7)]}
