@@ -128,8 +128,8 @@ def _resend_missing(now: datetime, *, skip: set[str]) -> list[str]:
     for queue in backlot_settings().QUEUES:
         if queue in skip:
             continue  # its jobs wait at their gates (jobs.broker.slots), not in the broker's lists
-        waiting = ledger.waiting_but_due(now, MISSING_AFTER).filter(
-            queue=queue, published_at__lt=now - MISSING_AFTER
+        waiting = ledger.waiting_but_due(
+            now, MISSING_AFTER, queue=queue, published_at__lt=now - MISSING_AFTER
         )
         if not waiting.exists():
             continue
@@ -252,7 +252,7 @@ def _report_unknown_tasks() -> None:
     if not _unknown_tasks:
         return
     counts = dict(
-        Job.objects.filter(state__in=WAITING_STATES, task_name__in=sorted(_unknown_tasks))
+        Job.objects.active_where(state__in=WAITING_STATES, task_name__in=sorted(_unknown_tasks))
         .values_list("task_name")
         .annotate(n=Count("id"))
         .order_by()
@@ -285,7 +285,7 @@ def _lapsed_leases(now: datetime) -> None:
     its whole worker down would otherwise be re-queued after every lapse, forever)."""
     cap = backlot_settings().MAX_WORKER_CRASHES
     capped = list(
-        Job.objects.filter(
+        Job.objects.active_where(
             state=JobState.RUNNING, lease_expires_at__lt=now, crashes__gte=cap - 1
         ).only("id", "task_name", "queue", "attempts", "crashes", "args", "kwargs")[:100]
     )

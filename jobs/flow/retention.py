@@ -51,9 +51,12 @@ def retention_purge(*, dry_run: bool = False) -> dict[str, int]:
     limits = backlot_settings()
     job_cutoff = now - timedelta(days=limits.JOB_RETENTION_DAYS)
     dead_cutoff = now - timedelta(days=limits.DEAD_LETTER_RETENTION_DAYS)
+    # enqueued_at before the cutoff follows from finished_at before it; it is what an index
+    # can read (job_enqueued_brin on PostgreSQL): jobs_job has no index on finished_at, which
+    # every finish changes (jobs.models.active says why).
     jobs = (
         Job.objects.finished()
-        .filter(finished_at__lt=job_cutoff)
+        .filter(finished_at__lt=job_cutoff, enqueued_at__lt=job_cutoff)
         .exclude(dead_letter__status=DeadLetterStatus.DEAD)
     )
     resolved = DeadLetter.objects.filter(

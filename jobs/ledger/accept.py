@@ -213,10 +213,13 @@ def lapsed_leases_requeued(*, now: datetime, max_crashes: int | None = None) -> 
     """From running to queued: jobs whose worker stopped renewing (died, lost its host), each
     lapse counted as a crash. With `max_crashes`, a job at its last allowed crash is left for
     lapsed_lease_dead."""
-    rows = Job.objects.filter(state__in=sources("lease_lapsed"), lease_expires_at__lt=now)
+    lapsed: dict[str, Any] = {
+        "state__in": sources("lease_lapsed"),
+        "lease_expires_at__lt": now,
+    }
     if max_crashes is not None:
-        rows = rows.filter(crashes__lt=max_crashes - 1)
-    return rows.update(
+        lapsed["crashes__lt"] = max_crashes - 1
+    return Job.objects.active_where(**lapsed).update(
         state=target("lease_lapsed"),
         lease_expires_at=None,
         published_at=None,
@@ -248,12 +251,14 @@ def lapsed_lease_dead(*, job_id: str, now: datetime, exc: BaseException) -> Dead
         )
 
 
-def waiting_but_due(now: datetime, lost_after: timedelta) -> Any:
+def waiting_but_due(now: datetime, lost_after: timedelta, **fields: Any) -> Any:
     """Jobs that wait for a worker and may run now: queued, or scheduled/retrying whose time
-    came more than `lost_after` ago."""
-    return Job.objects.filter(
+    came more than `lost_after` ago; `fields` narrow them by the columns jobs_activejob
+    copies (Job.objects.active_where)."""
+    return Job.objects.active_where(
         Q(state=JobState.QUEUED)
-        | Q(state__in=(JobState.SCHEDULED, JobState.RETRYING), scheduled_for__lt=now - lost_after)
+        | Q(state__in=(JobState.SCHEDULED, JobState.RETRYING), scheduled_for__lt=now - lost_after),
+        **fields,
     )
 
 
@@ -267,11 +272,10 @@ def republish(
 ) -> int:
     """Back into the outbox: waiting jobs published before `published_before` whose message
     the broker lost (state unchanged, published_at cleared); only `job_ids` when given."""
-    rows = waiting_but_due(now, lost_after).filter(
-        state__in=sources("republish"), published_at__lt=published_before
-    )
+    narrow: dict[str, Any] = {"state__in": sources("republish")}
     if queue is not None:
-        rows = rows.filter(queue=queue)
+        narrow["queue"] = queue
+    rows = waiting_but_due(now, lost_after, published_at__lt=published_before, **narrow)
     if job_ids is not None:
         rows = rows.filter(id__in=list(job_ids))
     return rows.update(published_at=None)

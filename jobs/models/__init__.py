@@ -9,6 +9,7 @@ from jobs.core.states import (
     DeadLetterStatus,
     JobState,
 )
+from jobs.models.active import ActiveJob, ActiveJobQuerySet
 from jobs.models.batch import CALLBACK_KINDS, Batch, BatchQuerySet
 from jobs.models.deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
 from jobs.models.job import Effect, IdempotencyRecord, Job, JobQuerySet
@@ -22,6 +23,8 @@ __all__ = [
     "DEAD_LETTER_FILTERS",
     "FINISHED_STATES",
     "WAITING_STATES",
+    "ActiveJob",
+    "ActiveJobQuerySet",
     "AuditEntry",
     "Batch",
     "BatchQuerySet",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
@@ -21,24 +22,39 @@ from jobs.core.states import (  # noqa: F401  (re-exported: the models' vocabula
     DeadLetterStatus,
     JobState,
 )
+from jobs.models.active import ActiveJob, InActive
 from jobs.models.step import JobStep, StepState
 
 
-def parked_condition(now: datetime | None = None) -> Q:
+def parked_condition(now: datetime | None = None, *, id_field: str = "id") -> Q:
     """A parked job: in a durable sleep or a wait_for() (jobs.worker.steps), its wake-up (a
     wait's timeout) still ahead. The ledger marks it so (jobs.ledger.steps.sleep): its row is
     scheduled for the wake-up and its sleep/wait step is sleeping. Not backlog: it holds no
     worker and waits for its time or its signal; once due (the time came, or the signal moved
-    scheduled_for to now) it waits for a worker like any due row."""
+    scheduled_for to now) it waits for a worker like any due row. `id_field`: "job_id" over
+    ActiveJob rows."""
     sleeping = JobStep.objects.filter(state=StepState.SLEEPING).values("job_id")
-    return Q(state=JobState.SCHEDULED, scheduled_for__gt=now or timezone.now(), id__in=sleeping)
+    return Q(
+        state=JobState.SCHEDULED,
+        scheduled_for__gt=now or timezone.now(),
+        **{f"{id_field}__in": sleeping},
+    )
 
 
 class JobQuerySet(OwnedQuerySet["Job"]):
     """Jobs; visible_to(user) (OwnedQuerySet) is what the status API and pages may show."""
 
+    def active_where(self, *conditions: Q, **fields: Any) -> JobQuerySet:
+        """Active jobs matching conditions on the columns jobs_activejob copies (task_name,
+        queue, state, enqueued_at, scheduled_for, published_at, lease_expires_at, crashes):
+        found there (jobs.models.active: jobs_job has no index on its state columns, so that
+        the workers' UPDATEs are HOT), then read here by primary key, the conditions checked
+        again against jobs_job's own row."""
+        found = ActiveJob.objects.filter(*conditions, **fields).ids()
+        return self.filter(id__active=found).filter(*conditions, **fields)
+
     def active(self) -> JobQuerySet:
-        return self.filter(state__in=ACTIVE_STATES)
+        return self.active_where(state__in=ACTIVE_STATES)
 
     def finished(self) -> JobQuerySet:
         return self.filter(state__in=FINISHED_STATES)
@@ -52,7 +68,7 @@ class JobQuerySet(OwnedQuerySet["Job"]):
 
     def due(self, now: datetime | None = None) -> JobQuerySet:
         """Scheduled or retrying jobs held in the ledger whose time has come."""
-        return self.filter(
+        return self.active_where(
             state__in=(JobState.SCHEDULED, JobState.RETRYING),
             published_at__isnull=True,
             scheduled_for__lte=now or timezone.now(),
@@ -64,7 +80,7 @@ class JobQuerySet(OwnedQuerySet["Job"]):
 
     def unpublished(self) -> JobQuerySet:
         """Queued jobs whose message has not reached the broker yet (the outbox)."""
-        return self.filter(state=JobState.QUEUED, published_at__isnull=True)
+        return self.active_where(state=JobState.QUEUED, published_at__isnull=True)
 
 
 class Job(models.Model):
@@ -246,8 +262,13 @@ class Job(models.Model):
         verbose_name = "job"
         verbose_name_plural = "jobs"
         ordering = ("-enqueued_at",)
+        # No index reads a column the workers' UPDATEs change (state, published_at,
+        # scheduled_for, lease_*, started_at, finished_at, attempts, result...): each would
+        # make every claim and finish write a new entry into every index of the table instead
+        # of a HOT update. Active jobs are found through jobs_activejob (jobs.models.active);
+        # the finished history by its immutable columns (owner, task, enqueued_at: a BRIN index
+        # on PostgreSQL, migration 0018, for retention).
         indexes = [
-            models.Index(fields=["state", "queue", "enqueued_at"], name="job_state_queue_idx"),
             models.Index(fields=["task_name", "enqueued_at"], name="job_task_idx"),
             # GET /api/jobs/ and the "My jobs" page: a user's jobs newest first, read in index
             # order (keyset pages). Replaces job_owner_idx (owner, enqueued_at), which it covers.
@@ -261,12 +282,6 @@ class Job(models.Model):
                 name="job_owner_top_idx",
                 condition=Q(parent__isnull=True),
             ),
-            models.Index(
-                fields=["scheduled_for"],
-                name="job_due_idx",
-                condition=Q(state__in=["scheduled", "retrying"], published_at__isnull=True),
-            ),
-            models.Index(fields=["finished_at"], name="job_finished_idx"),
             # A cancel walks the tree a job fanned out; parents never change on the hot path.
             models.Index(
                 fields=["parent"], name="job_parent_idx", condition=Q(parent__isnull=False)
@@ -332,6 +347,10 @@ class Job(models.Model):
         if not self.progress_total:
             return None
         return round(100.0 * self.progress_done / self.progress_total, 1)
+
+
+# Job.objects.filter(id__active=ActiveJob.objects.filter(...).ids()) (jobs.models.active).
+Job._meta.pk.register_lookup(InActive)
 
 
 class IdempotencyRecord(models.Model):

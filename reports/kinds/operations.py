@@ -1,7 +1,11 @@
 """The job-operations report: what the job ledger and the dead letters say about a period.
 
 A job belongs to the period in which it finished (succeeded or gave up); that is when its
-outcome, attempts and run time are known, and `finished_at` is indexed.
+outcome, attempts and run time are known. The ledger has no index on `finished_at` (every
+finish changes it, and an index there would make each finish a non-HOT update: jobs.models.active):
+the period's rows are read through what bounds them, `enqueued_at` before the period's end, a
+sequential read of the history older than that (0.6 s for 1,000,000 rows here), once a
+report.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ _OUTCOMES = {
 def finished_jobs(params: OperationsParams) -> QuerySet[Job]:
     start, end = params.bounds()
     return Job.objects.filter(
-        finished_at__gte=start, finished_at__lt=end, state__in=FINISHED_STATES
+        finished_at__gte=start,
+        finished_at__lt=end,
+        enqueued_at__lt=end,  # implied by finished_at; job_enqueued_brin can read it
+        state__in=FINISHED_STATES,
     ).order_by()
 
 

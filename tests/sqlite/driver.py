@@ -25,7 +25,7 @@ from django.utils import timezone  # noqa: E402 (after django.setup())
 
 from jobs import cancel, dead_letter_replay, enqueue_many, ledger, signal  # noqa: E402
 from jobs.flow.relay import job_relay  # noqa: E402
-from jobs.models import DeadLetter, Job, JobState, JobStep  # noqa: E402
+from jobs.models import ActiveJob, DeadLetter, Job, JobState, JobStep  # noqa: E402
 from jobs.worker.registry import task_by_name  # noqa: E402
 from tests.sqlite import jobs as _sqlite_jobs  # noqa: E402,F401 (registers the suite's jobs)
 from tests.support import step_tasks as _step_tasks  # noqa: E402,F401 (the step jobs)
@@ -114,6 +114,12 @@ def signal_(job_id: str, name: str, payload: Any) -> dict[str, Any]:
     return {"woke": signal(job_id, name, payload)}
 
 
+def active(ids: list[str]) -> dict[str, Any]:
+    """The copies jobs_activejob holds of these jobs (the SQLite triggers keep them)."""
+    rows = ActiveJob.objects.filter(job_id__in=ids).values_list("job_id", "state")
+    return {"active": {str(job_id): state for job_id, state in rows}}
+
+
 def relay() -> dict[str, Any]:
     return {"sent": job_relay()}
 
@@ -141,6 +147,7 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "replay": replay,
     "cancel": cancel_,
     "relay": relay,
+    "active": active,
     "steps": steps,
     "signal": signal_,
     "sqlite": sqlite,

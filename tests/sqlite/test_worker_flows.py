@@ -147,3 +147,22 @@ def test_a_busy_database_is_waited_out_never_dead_lettered(site: SQLiteSite, uni
     assert site.driver("dead_letters", ids=ids)["dead_letters"] == []
     assert site.driver("groups", names=names)["groups"] == sorted(names)
     assert sum(v.startswith("wrote:") for v in values(site, unique)) == 4
+
+
+def test_the_active_jobs_copy_follows_the_ledger_on_sqlite(site: SQLiteSite, unique):
+    # given: jobs accepted in bulk and one by one, and one that waits an hour
+    many = site.driver.enqueue_many(
+        "tests.sqlite.note", [([unique, f"a{n}"], {}) for n in range(5)]
+    )
+    single = site.driver.enqueue("tests.sqlite.note", unique, "b")
+    later = site.driver.enqueue("tests.sqlite.note", f"{unique}-l", "later", delay=3600)
+
+    # the waiting one has its copy (the SQLite triggers wrote it with the row)
+    assert site.driver("active", ids=[later])["active"] == {later: "scheduled"}
+
+    # when the others run and the waiting one is cancelled
+    site.driver.wait_states([*many, single], FINISHED, timeout=60, what="6 jobs on SQLite")
+    assert site.driver("cancel", job_id=later)["cancelled"] == [later]
+
+    # then no copy is left: every one of them ended
+    assert site.driver("active", ids=[*many, single, later])["active"] == {}

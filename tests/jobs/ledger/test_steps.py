@@ -157,8 +157,9 @@ def test_a_jobs_steps_and_signals_stay_until_retention_removes_the_job():
         write(job, ledger.step_succeeded, name="fetch", result=1)
         ledger.signal_sent(job_id=str(job.id), name="ok", payload=1, step="wait:ok")
     days = backlot_settings().JOB_RETENTION_DAYS
+    long_ago = timezone.now() - timedelta(days=days + 1)
     Job.objects.filter(id=old.id).update(
-        state=JobState.SUCCEEDED, finished_at=timezone.now() - timedelta(days=days + 1)
+        state=JobState.SUCCEEDED, enqueued_at=long_ago, finished_at=long_ago
     )
     Job.objects.filter(id=recent.id).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
 

@@ -109,7 +109,9 @@ def test_purge_keeps_unresolved_dead_letters_and_recent_rows(clean_redis):
     gone_discarded = dead_letter(status=DeadLetterStatus.DISCARDED, resolved_at=old)
     h_old = tasks.prioritized.enqueue("k", "old")
     h_new = tasks.prioritized.enqueue("k", "new")
-    Job.objects.filter(id=h_old.id).update(state=JobState.SUCCEEDED, finished_at=old)
+    Job.objects.filter(id=h_old.id).update(
+        state=JobState.SUCCEEDED, enqueued_at=old, finished_at=old
+    )
     Job.objects.filter(id=h_new.id).update(state=JobState.SUCCEEDED, finished_at=timezone.now())
     Effect.objects.create(key="ancient", created_at=timezone.now() - timedelta(days=400))
 
@@ -127,11 +129,13 @@ def test_purge_deletes_a_batch_with_its_last_member(clean_redis):
     done = Batch.objects.create(state=BatchState.SUCCEEDED, completed_at=old, total=1)
     member = tasks.prioritized.enqueue("k", "member")
     Job.objects.filter(id=member.id).update(
-        state=JobState.SUCCEEDED, finished_at=old, batch_id=done.id
+        state=JobState.SUCCEEDED, enqueued_at=old, finished_at=old, batch_id=done.id
     )
     held = Batch.objects.create(state=BatchState.COMPLETE, completed_at=old, total=1)
     dead = tasks.prioritized.enqueue("k", "dead")
-    Job.objects.filter(id=dead.id).update(state=JobState.DEAD, finished_at=old, batch_id=held.id)
+    Job.objects.filter(id=dead.id).update(
+        state=JobState.DEAD, enqueued_at=old, finished_at=old, batch_id=held.id
+    )
     dead_letter(job_id=dead.id, last_failed_at=old, first_failed_at=old)  # unresolved: kept
     recent = Batch.objects.create(state=BatchState.SUCCEEDED, completed_at=timezone.now())
     running = Batch.objects.create(state=BatchState.RUNNING)

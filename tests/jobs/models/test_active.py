@@ -1,0 +1,175 @@
+"""jobs_activejob (jobs.models.active): the triggers keep it true for every way the ledger is
+written, the relay reads the active jobs without reading the finished history, and the
+workers' claim and finish are HOT updates of jobs_job (PostgreSQL)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from jobs import enqueue_many, ledger
+from jobs.flow.relay import job_relay
+from jobs.models import ActiveJob, Job, JobState
+from tests.support import tasks
+
+pytestmark = pytest.mark.django_db
+
+COPIED = (
+    "task_name",
+    "queue",
+    "state",
+    "enqueued_at",
+    "scheduled_for",
+    "published_at",
+    "lease_expires_at",
+    "crashes",
+)
+
+
+def copy_of(job_id: object) -> dict | None:
+    row = ActiveJob.objects.filter(job_id=job_id).values(*COPIED).first()
+    return dict(row) if row else None
+
+
+def ledger_columns(job_id: object) -> dict:
+    return dict(Job.objects.filter(id=job_id).values(*COPIED).get())
+
+
+def test_an_active_job_is_copied_while_active_and_leaves_when_it_ends(clean_redis):
+    # given a job enqueued through the public API
+    handle = tasks.prioritized.enqueue("k", "copied")
+    assert copy_of(handle.id) == ledger_columns(handle.id)
+
+    # when a worker claims it, its copy follows (state, lease)
+    claimed = ledger.claim(job_id=handle.id, lease_seconds=30)
+    assert claimed is not None
+    assert copy_of(handle.id) == ledger_columns(handle.id)
+    assert copy_of(handle.id)["state"] == JobState.RUNNING
+
+    # a write of no copied column leaves the copy as it was
+    Job.objects.filter(id=handle.id).update(progress_done=3, progress_message="three")
+    assert copy_of(handle.id) == ledger_columns(handle.id)
+
+    # and the finish removes it
+    owner = str(Job.objects.get(id=handle.id).lease_owner)
+    assert ledger.succeed(
+        job_id=handle.id, attempt=claimed.attempt, run_seconds=0.01, lease_owner=owner
+    )
+    assert copy_of(handle.id) is None
+
+
+@pytest.mark.django_db(transaction=True)  # TRUNCATE: no deferred constraint checks pending
+def test_a_bulk_enqueue_a_bulk_create_and_deletes_keep_the_copy_true(clean_redis):
+    # given a fan-out (the ledger's COPY) and rows written by the ORM in bulk
+    with transaction.atomic():
+        fanned = enqueue_many(tasks.prioritized, [(("k", f"n{n}"), {}) for n in range(30)])
+    history = Job.objects.bulk_create(
+        Job(task_name="tests.old", queue="default", state=JobState.SUCCEEDED) for _ in range(5)
+    )
+    waiting = Job.objects.bulk_create(
+        Job(task_name="tests.new", queue="default", state=JobState.SCHEDULED) for _ in range(5)
+    )
+
+    # then every active one has its copy, no finished one has
+    expected = {uuid.UUID(str(i)) for i in fanned} | {job.id for job in waiting}
+    assert set(ActiveJob.objects.values_list("job_id", flat=True)) == expected
+
+    # deleting jobs (the ORM, retention) and emptying the table (TRUNCATE) take their copies
+    Job.objects.filter(id__in=[job.id for job in waiting[:2]]).delete()
+    assert ActiveJob.objects.count() == len(expected) - 2
+    Job.objects.filter(id__in=[job.id for job in history]).delete()
+    assert ActiveJob.objects.count() == len(expected) - 2
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE jobs_job CASCADE")
+    assert not ActiveJob.objects.exists()
+
+
+def test_an_ended_job_made_active_again_is_copied_again(clean_redis):
+    job = Job.objects.create(task_name="tests.x", queue="default", state=JobState.CANCELLED)
+    assert copy_of(job.id) is None
+    Job.objects.filter(id=job.id).update(state=JobState.QUEUED)
+    assert copy_of(job.id) == ledger_columns(job.id)
+
+
+def fill_history(rows: int) -> None:
+    """`rows` finished jobs written the way a busy week leaves them, by one INSERT."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO jobs_job (id, task_name, args, kwargs, queue, priority, idempotency_key,
+                state, attempts, max_attempts, deliveries, crashes, progress_done,
+                progress_message, error, failures, enqueued_at, published_at, started_at,
+                finished_at, publish_options, trace_context)
+            SELECT gen_random_uuid(), 'tests.old', '[]', '{}', 'default', 5, '', 'succeeded',
+                1, 1, 1, 0, 0, '', '', '[]', now() - g * interval '1 second', now(), now(),
+                now(), '{}', '{}'
+            FROM generate_series(1, %s) g
+            """,
+            [rows],
+        )
+        cursor.execute("ANALYZE jobs_job")
+        cursor.execute("ANALYZE jobs_activejob")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relays_reads_go_through_the_active_jobs_not_the_history(clean_redis):
+    # given a ledger of 50,000 finished jobs and a few active ones
+    fill_history(50_000)
+    tasks.prioritized.enqueue("k", "waiting")
+    now = timezone.now()
+
+    # then each of the relay's reads of the active jobs reads jobs_job by its primary key
+    reads = {
+        "outbox": Job.objects.unpublished(),
+        "due": Job.objects.due(now),
+        "lost messages": ledger.waiting_but_due(now, timedelta(seconds=30), queue="default"),
+        "lapsed leases": Job.objects.active_where(state=JobState.RUNNING, lease_expires_at__lt=now),
+        "active": Job.objects.active(),
+    }
+    for name, queryset in reads.items():
+        plan = queryset.explain()
+        assert "Seq Scan on jobs_job" not in plan, f"{name}:\n{plan}"
+        assert "jobs_job_pkey" in plan, f"{name}:\n{plan}"
+    assert job_relay() >= 0  # and a whole sweep runs on this schema
+
+
+def hot_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    updates, hot = after[0] - before[0], after[1] - before[1]
+    assert updates > 0
+    return hot / updates
+
+
+def update_counts() -> tuple[int, int]:
+    """jobs_job's UPDATEs and HOT UPDATEs as PostgreSQL counts them, this backend's included."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    with connection.cursor() as cursor:  # a new transaction: the flushed figures
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'jobs_job'"
+        )
+        updates, hot = cursor.fetchone()
+    return int(updates), int(hot)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_and_a_finish_are_hot_updates(clean_redis):
+    # given 60 jobs enqueued through the public API, one at a time
+    handles = [tasks.prioritized.enqueue("k", f"hot{n}") for n in range(60)]
+    before = update_counts()
+
+    # when each is claimed and finished by the ledger's own writes (what a worker runs)
+    for handle in handles:
+        claimed = ledger.claim(job_id=handle.id, lease_seconds=30)
+        assert claimed is not None
+        owner = str(Job.objects.values_list("lease_owner", flat=True).get(id=handle.id))
+        assert ledger.succeed(
+            job_id=handle.id, attempt=claimed.attempt, run_seconds=0.01, lease_owner=owner
+        )
+
+    # then at least 90 % of jobs_job's UPDATEs were HOT (no index entry written)
+    assert hot_share(before, update_counts()) >= 0.9
