@@ -52,4 +52,7 @@ SIZES = {
     "memory": Size(issue=10_000, bench=2_000, repeats=3),
     # progress loop steps
     "progress": Size(issue=100_000, bench=100_000, repeats=3),
+    # finished ledger rows under the relay's sweep (plus 10,000 active at every scale); the
+    # server-side fill of a million takes about a minute; repeats = timed sweeps
+    "relay_sweep": Size(issue=1_000_000, bench=1_000_000, repeats=20),
 }

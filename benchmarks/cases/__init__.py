@@ -24,6 +24,9 @@ CASES: dict[str, tuple[str, str, int]] = {
     "worker_memory": ("benchmarks.cases.worker_memory:run", "pg", 480),
     # batch enqueue (20,000 members; --full 100,000) and drain (drain_pg size) vs no batch
     "batches": ("benchmarks.cases.batches:run", "pg", 600),
+    # issue 26 item 4: the relay's sweep over 1,000,000 finished + 10,000 active rows (the
+    # fill and VACUUM ANALYZE take most of it)
+    "relay_sweep": ("benchmarks.cases.relay_sweep:run", "pg", 600),
 }
 
 # Run on request only (python -m benchmarks --cases profile): py-spy on a ledger drain.
