@@ -10,6 +10,9 @@ when the job's outcome is, as before. What a process holds when it exits is writ
 (atexit; Celery's pool processes, which skip atexit, at worker_process_shutdown:
 jobs.worker.signals); a failed write keeps the counts for the next one; a forked child starts empty
 (its parent writes what it held). A run killed before its finish loses its claim's count.
+
+A key counted for a bounded time (a per-minute bucket of jobs.worker.telemetry) is given its
+expiry by `expire()`: an EXPIRE written in the same pipeline, after the counts.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _ints: dict[tuple[str, str], int] = {}
 _floats: dict[tuple[str, str], float] = {}
+_expiries: dict[str, int] = {}  # key -> seconds
 
 
 class _State:
@@ -43,14 +47,22 @@ def add_float(key: str, field: str, amount: float) -> None:
         _floats[(key, field)] = _floats.get((key, field), 0.0) + amount
 
 
+def expire(key: str, seconds: int) -> None:
+    """EXPIRE `key` `seconds` at the next flush, after its counts: each flush that writes to a
+    bounded-time key sets its expiry again, so it lasts `seconds` after its last count."""
+    with _State.lock:
+        _expiries[key] = seconds
+
+
 def flush() -> None:
     """Write what this process holds now, in one pipeline; never raises (a failed write keeps
-    the counts for the next flush)."""
+    the counts and expiries for the next flush)."""
     with _State.lock:
-        ints, floats = dict(_ints), dict(_floats)
+        ints, floats, expiries = dict(_ints), dict(_floats), dict(_expiries)
         _ints.clear()
         _floats.clear()
-    if not ints and not floats:
+        _expiries.clear()
+    if not ints and not floats and not expiries:
         return
     try:
         pipe = redis_client().pipeline(transaction=False)
@@ -58,6 +70,8 @@ def flush() -> None:
             pipe.hincrby(key, field, count)
         for (key, field), value in floats.items():
             pipe.hincrbyfloat(key, field, value)
+        for key, seconds in expiries.items():
+            pipe.expire(key, seconds)
         pipe.execute()
     except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
         logger.debug("Could not write %s metric counts: %s", len(ints) + len(floats), exc)
@@ -66,6 +80,8 @@ def flush() -> None:
                 _ints[item] = _ints.get(item, 0) + count
             for item, value in floats.items():
                 _floats[item] = _floats.get(item, 0.0) + value
+            for key, seconds in expiries.items():
+                _expiries.setdefault(key, seconds)
 
 
 def _forked() -> None:
@@ -73,6 +89,7 @@ def _forked() -> None:
     _State.lock = threading.Lock()
     _ints.clear()
     _floats.clear()
+    _expiries.clear()
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -3,18 +3,22 @@ Pause/Resume button per queue (permission pause_queue, audited).
 
 A queue's jobs are counted once each: waiting (due, not running: the backlog), scheduled (a
 delay, an eta, a retry's backoff), parked (in a durable sleep or a wait_for(), their time not
-come: no worker held, not backlog; jobs.models.job.parked_condition) and running."""
+come: no worker held, not backlog; jobs.models.job.parked_condition) and running.
+
+The finished counts (completed and failed in the last hour, the rate per minute, the chart) are
+read from Redis's per-minute buckets of finished attempts (jobs.worker.telemetry), not from
+jobs_job: the table keeps no index on finished_at (its updates stay HOT), so a count by it
+would scan millions of rows. The buckets are kept 2 hours and lost with a Redis flush."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from collections import Counter
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin import site
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count
-from django.db.models.functions import TruncMinute
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -23,35 +27,32 @@ from django.utils.html import format_html
 from jobs.broker.pausing import pause, paused_queues, resume
 from jobs.core.conf import backlot_settings
 from jobs.flow.deadletters import audit
-from jobs.models import DeadLetter, Job, JobState
+from jobs.models import DeadLetter, JobState
 from jobs.web.monitoring import health_report, queue_stats, workers_detail
+from jobs.worker.telemetry import finished_by_minute
 
-CHART_MINUTES = 60
+CHART_MINUTES = 60  # "last hour": the current minute and the 60 whole ones before it
+RATE_MINUTES = 5  # throughput_per_minute: succeeded in the 5 whole minutes and this one so far
 
 
 def dashboard_data() -> dict[str, Any]:
     now = timezone.now()
-    hour_ago = now - timedelta(hours=1)
     dead = dict(
         DeadLetter.objects.unresolved()
         .values("queue")
         .annotate(n=Count("id"))
         .values_list("queue", "n")
     )
-    finished = {
-        (row["queue"], row["state"]): row["n"]
-        for row in Job.objects.filter(finished_at__gte=hour_ago)
-        .values("queue", "state")
-        .annotate(n=Count("id"))
-    }
-    recent = {
-        row["queue"]: row["n"]
-        for row in Job.objects.filter(
-            finished_at__gte=now - timedelta(minutes=5), state=JobState.SUCCEEDED
-        )
-        .values("queue")
-        .annotate(n=Count("id"))
-    }
+    buckets = finished_by_minute(CHART_MINUTES + 1, now=now)
+    hour: Counter[tuple[str, str]] = Counter()
+    for bucket in buckets:
+        hour.update(bucket)
+    recent: Counter[str] = Counter()
+    for bucket in buckets[-(RATE_MINUTES + 1) :]:
+        for (queue, state), n in bucket.items():
+            if state == JobState.SUCCEEDED:
+                recent[queue] += n
+    rate_minutes = RATE_MINUTES + now.second / 60 + now.microsecond / 60_000_000
     queues = []
     paused = paused_queues()
     for q in queue_stats():
@@ -64,9 +65,9 @@ def dashboard_data() -> dict[str, Any]:
                 "parked": q.parked,
                 "running": q.running,
                 "dead_letters": dead.get(q.name, 0),
-                "completed_last_hour": finished.get((q.name, JobState.SUCCEEDED), 0),
-                "failed_last_hour": finished.get((q.name, JobState.DEAD), 0),
-                "throughput_per_minute": round(recent.get(q.name, 0) / 5, 1),
+                "completed_last_hour": hour[(q.name, JobState.SUCCEEDED)],
+                "failed_last_hour": hour[(q.name, JobState.DEAD)],
+                "throughput_per_minute": round(recent[q.name] / rate_minutes, 1),
                 "oldest_wait_seconds": round(q.oldest_wait_seconds, 1),
             }
         )
@@ -83,26 +84,20 @@ def dashboard_data() -> dict[str, Any]:
         },
         "queues": queues,
         "workers": workers_detail() if status != "down" else {},
-        "chart_svg": throughput_svg(now),
+        "chart_svg": throughput_svg(
+            [sum(n for (_, state), n in b.items() if state == JobState.SUCCEEDED) for b in buckets]
+        ),
     }
 
 
-def throughput_svg(now: Any, width: int = 600, height: int = 120) -> str:
-    """Jobs finished per minute over the last hour, as an inline SVG polyline."""
-    start = (now - timedelta(minutes=CHART_MINUTES)).replace(second=0, microsecond=0)
-    per_minute = dict(
-        Job.objects.filter(finished_at__gte=start, state=JobState.SUCCEEDED)
-        .annotate(minute=TruncMinute("finished_at"))
-        .values("minute")
-        .annotate(n=Count("id"))
-        .values_list("minute", "n")
-    )
-    counts = [per_minute.get(start + timedelta(minutes=i), 0) for i in range(CHART_MINUTES + 1)]
-    peak = max(counts) or 1
-    step = width / CHART_MINUTES
+def throughput_svg(per_minute: list[int], width: int = 600, height: int = 120) -> str:
+    """Jobs succeeded per minute (`per_minute`: the last hour's minutes, oldest first, the
+    current one last), as an inline SVG polyline."""
+    peak = max(per_minute, default=0) or 1
+    step = width / max(len(per_minute) - 1, 1)
     points = " ".join(
         f"{i * step:.1f},{height - 4 - (c / peak) * (height - 20):.1f}"
-        for i, c in enumerate(counts)
+        for i, c in enumerate(per_minute)
     )
     return format_html(
         '<svg viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
@@ -114,7 +109,7 @@ def throughput_svg(now: Any, width: int = 600, height: int = 120) -> str:
         w=width,
         h=height,
         p=points,
-        peak=max(counts),
+        peak=max(per_minute, default=0),
     )
 
 

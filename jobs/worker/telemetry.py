@@ -1,14 +1,19 @@
 """Job counters and run-time histograms kept in Redis, so /metrics is right across every
 prefork process and host (prometheus-client's in-process metrics would only see one), and
 one structured log line per job event. Both are receivers of jobs.core.events, connected by
-JobsConfig.ready()."""
+JobsConfig.ready(). The dashboard's "last hour" figures read per-minute buckets of the finished
+attempts (finished_by_minute), not the ledger: jobs_job keeps no index on finished_at, so that
+its updates stay HOT (issue 26)."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
+import redis
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from jobs.broker import counters
@@ -25,6 +30,11 @@ RUNTIME = "backlot:metrics:runtime:"  # + task: fields bucket bounds, "sum", "co
 # The same by queue, for dashboards and alerts that look at a queue rather than a task.
 QUEUE_FINISHED = "backlot:metrics:queue_finished"  # field "queue\tstate" -> count
 QUEUE_RUNTIME = "backlot:metrics:queue_runtime:"  # + queue: like RUNTIME
+# The same by UTC minute (+ the minute since the epoch): field "queue\tstate" -> count. The
+# dashboard reads the last hour of them; kept 2 hours after a minute's last count (an hour
+# to spare for a late flush and hosts' clocks apart), so ~120 small hashes at most.
+FINISHED_MINUTE = "backlot:metrics:finished_minute:"
+FINISHED_MINUTE_SECONDS = 2 * 3600
 # Durable steps ended (jobs.core.events.step_finished), added up in the process and written with
 # the run's outcome or its park (jobs.broker.counters): no Redis round trip of their own.
 STEPS = "backlot:metrics:steps"  # field "task\toutcome" -> count
@@ -35,11 +45,15 @@ BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
 def record_outcome(
     task: str, state: str, run_seconds: float | None, queue: str | None = None
 ) -> None:
-    """Count a finished attempt (succeeded, retrying, dead) and its run time, by task and by
-    queue, with this process's other counts (jobs.broker.counters) in one pipeline; never raises."""
+    """Count a finished attempt (succeeded, retrying, dead, cancelled) and its run time, by task
+    and by queue (and by queue in this minute's bucket), with this process's other counts
+    (jobs.broker.counters) in one pipeline; never raises."""
     counters.add(FINISHED, f"{task}\t{state}")
     if queue is not None:
         counters.add(QUEUE_FINISHED, f"{queue}\t{state}")
+        bucket = finished_minute_key(time.time())
+        counters.add(bucket, f"{queue}\t{state}")
+        counters.expire(bucket, FINISHED_MINUTE_SECONDS)
     if run_seconds is not None:
         bound = str(next((b for b in BUCKETS if run_seconds <= b), "+Inf"))
         keys = [RUNTIME + task] + ([QUEUE_RUNTIME + queue] if queue is not None else [])
@@ -48,6 +62,33 @@ def record_outcome(
             counters.add_float(key, "sum", run_seconds)
             counters.add(key, "count")
     counters.flush()
+
+
+def finished_minute_key(at: float) -> str:
+    """The bucket of the UTC minute holding `at` (seconds since the epoch)."""
+    return f"{FINISHED_MINUTE}{int(at // 60)}"
+
+
+def finished_by_minute(
+    minutes: int, *, now: datetime | None = None, client: redis.Redis | None = None
+) -> list[dict[tuple[str, str], int]]:
+    """Attempts finished in each of the last `minutes` UTC minutes, by (queue, state), oldest
+    first; the last is the minute holding `now`, so far. One Redis pipeline, by `client` (the
+    platform's by default); Redis errors are raised. A minute older than
+    FINISHED_MINUTE_SECONDS, or lost to a Redis flush, reads as empty."""
+    at = now.timestamp() if now is not None else time.time()
+    current = int(at // 60)
+    pipe = (client or redis_client()).pipeline(transaction=False)
+    for minute in range(current - minutes + 1, current + 1):
+        pipe.hgetall(finished_minute_key(minute * 60))
+    buckets = []
+    for fields in pipe.execute():
+        bucket = {}
+        for field, count in fields.items():
+            queue, _, state = redis_text(field).partition("\t")
+            bucket[(queue, state)] = int(count)
+        buckets.append(bucket)
+    return buckets
 
 
 def record_rate_limited(task: str) -> None:

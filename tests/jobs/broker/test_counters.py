@@ -76,3 +76,14 @@ def test_a_forked_child_does_not_write_its_parents_counts(key):
     counters.flush()
 
     assert _read(key) == {"child": "1", "n": "1"}
+
+
+def test_an_expiry_is_written_with_the_counts(key):
+    counters.add(key, "n")
+    counters.expire(key, 600)
+    assert redis_client().ttl(key) == -2  # nothing written before the flush
+
+    counters.flush()
+
+    assert _read(key) == {"n": "1"}
+    assert 0 < redis_client().ttl(key) <= 600
