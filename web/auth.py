@@ -40,9 +40,7 @@ class TokenAuth(HttpBearer):
         lockout = throttle.locked_out(throttle.TOKEN, address=address)
         if lockout is not None:
             raise Throttled(wait=lockout.retry_after)
-        found = (
-            ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash(token)).first()
-        )
+        found = ApiToken.objects.for_key(token)
         if found is None or not found.user.is_active:
             throttle.failed(throttle.TOKEN, address=address)
             return None

@@ -27,7 +27,7 @@ from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable, JobCancelled, LeaseLost
 from jobs.core.policies import RetryDecision, RetryRequested, TimeLimitHit
 from jobs.models import Job
-from jobs.worker import outcomes, parking
+from jobs.worker import outcomes, parking, watchdog
 from jobs.worker.lease import holding, refused, renewer
 from jobs.worker.redelivery import Runnable, request_priority, request_queue, resend
 
@@ -121,7 +121,16 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
     try:
         try:
             owner_id = claim.owner_id if claim else None
-            with context.running(str(request.id), owner_id), holding(hold):
+            with (
+                context.running(str(request.id), owner_id),
+                holding(hold),
+                watchdog.limited(
+                    task,
+                    job_id=request.id,
+                    attempt=attempt,
+                    lease_owner=claim.lease_owner if claim else None,
+                ),
+            ):
                 result = task.run(*args, **kwargs)
         finally:
             if hold is not None:  # the finish below is fenced; renewals stop first

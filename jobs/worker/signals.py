@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery import current_app
+from celery import concurrency, current_app
+from celery.concurrency import solo
 from celery.signals import (
     before_task_publish,
     task_prerun,
@@ -20,7 +21,7 @@ from django.db import close_old_connections
 
 from jobs.broker import counters, fetch, reservations
 from jobs.broker.broker import slim_message
-from jobs.worker import conflicts
+from jobs.worker import conflicts, watchdog
 from jobs.worker.task import PlatformTask
 
 
@@ -68,6 +69,17 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
     if sender is not None:
         reservations.install(node=sender.hostname, app=sender.app)
         fetch.install()  # ... and takes each in one step with its record (jobs.broker.fetch)
+
+
+@worker_init.connect
+def enforce_time_limits_in_solo(sender: Any = None, **kwargs: Any) -> None:
+    """A `-P solo` worker runs its jobs in its own main thread, where Celery enforces no time
+    limit: Backlot does (jobs.worker.watchdog), with the worker's own limits as defaults."""
+    if sender is None:
+        return
+    pool = concurrency.get_implementation(sender.pool_cls)
+    if isinstance(pool, type) and issubclass(pool, solo.TaskPool):
+        watchdog.enable(soft=sender.soft_time_limit, hard=sender.time_limit)
 
 
 @worker_ready.connect

@@ -214,6 +214,17 @@ def test_short_jobs_get_one_worker_process_per_core_in_compose_and_make_run() ->
     assert 'WORKER_DEFAULT_REPLICAS="${WORKER_DEFAULT_REPLICAS:-2}"' in run_sh
 
 
+def test_short_jobs_run_in_the_workers_own_process_by_default() -> None:
+    # -P solo: no hop to a pool process (issue 26 item 5); jobs.worker.watchdog enforces the
+    # time limits there (tests/system/faults/test_solo_limits.py). The long-job queues keep
+    # prefork: their hard limit ends only the pool process, not a whole worker's prefetch.
+    _, args = worker_for("default")
+    assert option(args, "-P", "--pool") == "${WORKER_DEFAULT_POOL:-solo}"
+    for queue in LONG_JOB_QUEUES:
+        name, args = worker_for(queue)
+        assert option(args, "-P", "--pool") is None, f"{name} should keep the prefork pool"
+
+
 @pytest.mark.parametrize("queue", LONG_JOB_QUEUES)
 def test_long_job_workers_take_one_message_at_a_time_and_outlast_their_jobs(queue: str) -> None:
     name, args = worker_for(queue)

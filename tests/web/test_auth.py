@@ -68,3 +68,19 @@ def test_a_deactivated_user_is_refused_on_the_next_request(client, token, clean_
     row.user.save(update_fields=["is_active"])
 
     assert jobs_page(client, bearer).status_code == 401
+
+
+def test_a_key_finds_its_token_and_user_in_one_select(token, django_assert_num_queries):
+    row, bearer = token
+    key = bearer["HTTP_AUTHORIZATION"].removeprefix("Bearer ")
+
+    # when: the API looks a key up (web.auth), then reads what the views read of it
+    with django_assert_num_queries(1):
+        found = ApiToken.objects.for_key(key)
+        assert found is not None
+        seen = (found.pk, found.name, found.last_used_at, found.user.username, found.user.is_active)
+
+    # then: the same token and user the ORM loads, with no second query for the user
+    assert seen == (row.pk, "auth tests", None, "token-user", True)
+    assert found.user == row.user and found.created_at == row.created_at
+    assert ApiToken.objects.for_key(key + "x") is None

@@ -30,12 +30,12 @@ COPIED = (
 )
 
 
-def copy_of(job_id: object) -> dict | None:
+def copy_of(job_id: uuid.UUID | str) -> dict | None:
     row = ActiveJob.objects.filter(job_id=job_id).values(*COPIED).first()
     return dict(row) if row else None
 
 
-def ledger_columns(job_id: object) -> dict:
+def ledger_columns(job_id: uuid.UUID | str) -> dict:
     return dict(Job.objects.filter(id=job_id).values(*COPIED).get())
 
 
@@ -47,8 +47,9 @@ def test_an_active_job_is_copied_while_active_and_leaves_when_it_ends(clean_redi
     # when a worker claims it, its copy follows (state, lease)
     claimed = ledger.claim(job_id=handle.id, lease_seconds=30)
     assert claimed is not None
-    assert copy_of(handle.id) == ledger_columns(handle.id)
-    assert copy_of(handle.id)["state"] == JobState.RUNNING
+    copy = copy_of(handle.id)
+    assert copy == ledger_columns(handle.id)
+    assert copy is not None and copy["state"] == JobState.RUNNING
 
     # a write of no copied column leaves the copy as it was
     Job.objects.filter(id=handle.id).update(progress_done=3, progress_message="three")

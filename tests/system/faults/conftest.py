@@ -271,7 +271,9 @@ class FaultWorker(Worker):
     shared Redis; this one pings through an app bound to the private broker.
     """
 
-    def __init__(self, name: str, queues: str, concurrency: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, queues: str, concurrency: int, env: dict[str, str], pool: str = ""
+    ) -> None:
         self.name = f"{name}-{uuid.uuid4().hex[:6]}@localhost"
         # set_as_current=False: the project app must stay current_app for the rest of the session
         self.probe = Celery("faults-probe", broker=env["REDIS_URL"], set_as_current=False)
@@ -300,6 +302,7 @@ class FaultWorker(Worker):
                 "--without-heartbeat",
                 "-l",
                 "INFO",
+                *(["-P", pool] if pool else []),
             ],
             cwd=ROOT,
             env=env,
@@ -359,9 +362,13 @@ def start_fault_worker(
     started: list[FaultWorker] = []
 
     def start(
-        name: str = "fault", queues: str = "default", concurrency: int = 2, **env: str
+        name: str = "fault",
+        queues: str = "default",
+        concurrency: int = 2,
+        pool: str = "",
+        **env: str,
     ) -> FaultWorker:
-        worker = FaultWorker(name, queues, concurrency, {**fault_env, **env})
+        worker = FaultWorker(name, queues, concurrency, {**fault_env, **env}, pool)
         started.append(worker)
         return worker
 

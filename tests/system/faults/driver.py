@@ -31,6 +31,8 @@ TASKS: dict[str, PlatformTask[Any, Any]] = {
     "slow": fault_jobs.slow,
     "poison": fault_jobs.poison,
     "flaky": fault_jobs.flaky,
+    "soft_stop": fault_jobs.soft_stop,
+    "stubborn": fault_jobs.stubborn,
 }
 
 

@@ -9,6 +9,7 @@ duplicate count the tests assert is exact, even when a process is killed mid-job
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -16,6 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 import redis
+from billiard.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection
 
@@ -107,3 +109,23 @@ def flaky(self: Any, run: str, item: int, seed: int, seconds: float = 0.0) -> in
     if failing:
         raise ConnectionError(f"transient failure of {item} after its effect, attempt {attempt}")
     return item
+
+
+@job(name="faults.soft_stop", bind=True, soft_time_limit=1, time_limit=60, retry=QUICK_RETRY)
+def soft_stop(self: Any, run: str, item: int) -> str:
+    """Stops at its soft time limit and says so (a solo worker raises it: jobs.worker.watchdog)."""
+    count_run(run, item)
+    try:
+        time.sleep(30)
+    except SoftTimeLimitExceeded:
+        return "stopped at the soft limit"
+    return "slept"
+
+
+@job(name="faults.stubborn", bind=True, soft_time_limit=1, time_limit=2, retry=QUICK_RETRY)
+def stubborn(self: Any, run: str, item: int) -> None:
+    """Swallows its soft time limit, as code stuck in a C call would: only the hard one ends it."""
+    count_run(run, item)
+    while True:
+        with contextlib.suppress(SoftTimeLimitExceeded):
+            time.sleep(0.05)
