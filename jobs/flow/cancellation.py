@@ -266,9 +266,11 @@ def stamped(headers: Any) -> list[str]:
     found: list[str] = []
     for header, values in (headers or {}).items():
         wanted = [str(v) for v in maybe_list(values) or []]
-        rows = Job.objects.filter(
-            state__in=ACTIVE_STATES, **{f"publish_options__{header}__isnull": False}
-        ).only("id", "publish_options")
+        rows = (
+            Job.objects.active()
+            .filter(**{f"publish_options__{header}__isnull": False})
+            .only("id", "publish_options")
+        )
         for job in rows.iterator(chunk_size=1000):
             stamps = job.publish_options.get(header)
             if header in (job.publish_options.get("stamped_headers") or ()) and any(
