@@ -70,7 +70,9 @@ class ActiveJob(models.Model):
         return f"{self.job_id} ({self.state})"
 
 
-class InActive(Lookup[Any]):
+# Not Lookup[Any]: Lookup is generic only in django-stubs, and a host project need not apply
+# django_stubs_ext.monkeypatch() (tests/jobs/ledger/test_sqlite.py runs such a host).
+class InActive(Lookup):
     """`Job.objects.filter(id__active=ActiveJob.objects.filter(...).ids())`: the jobs whose ids
     the query over jobs_activejob returns, read by primary key.
 
