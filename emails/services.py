@@ -147,6 +147,9 @@ def email_queue(
     for relative in attachments:
         _attachment_path(relative)
     rendered_subject, _, _ = email_render(template=template, context=context, subject=subject or "")
+    # The job's id is chosen first, so the message row is inserted with it: no UPDATE after the
+    # enqueue (one database round trip of the API's POST /api/emails/).
+    job_id = uuid.uuid4()
     with transaction.atomic():
         message = EmailMessage.objects.create(
             to=to,
@@ -155,12 +158,14 @@ def email_queue(
             context=context,
             attachments=list(attachments),
             owner=owner if getattr(owner, "pk", None) else None,
+            job_id=job_id,
         )
-        handle = send_job.using(owner=owner, idempotency_key=f"email:{message.uid}").enqueue(
-            message.pk
-        )
-        message.job_id = handle.id
-        message.save(update_fields=["job_id"])
+        handle = send_job.using(
+            owner=owner, idempotency_key=f"email:{message.uid}", job_id=job_id
+        ).enqueue(message.pk)
+        if handle.id != str(job_id):  # the key was another job's (it names this new message)
+            message.job_id = uuid.UUID(handle.id)
+            message.save(update_fields=["job_id"])
     return message, handle
 
 

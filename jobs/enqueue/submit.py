@@ -165,8 +165,14 @@ def enqueue(
     detached: bool = False,
     trace_parent: Mapping[str, str] | None = None,
     parent_stopping: bool | None = None,
+    job_id: uuid.UUID | str | None = None,
 ) -> JobHandle:
     """Accept a job: check its payload, write its ledger row, publish after commit.
+
+    `job_id`: the new job's id, chosen by the caller (a fresh UUID), so that the caller's own
+    row can be written with it before the job is (saves that row's UPDATE); an id already in
+    the ledger fails the job's INSERT with IntegrityError. `task_id` is Celery's: the id of a
+    job that Task.replace() froze, whose row the new one may take over (see _insert).
 
     With an idempotency key, a second enqueue while the first job is active (or succeeded
     within BACKLOT['IDEMPOTENCY_TTL']) writes and sends nothing and returns the first job.
@@ -175,6 +181,8 @@ def enqueue(
     current one, or `trace_parent`'s (a replay joins its original job's trace; jobs.core.tracing).
     """
     args, kwargs = list(args), dict(kwargs or {})
+    if job_id is not None and task_id is not None:
+        raise ValueError("pass job_id (a new job's id) or task_id (Celery's), not both")
     if not on_commit and transaction.get_connection().in_atomic_block:
         raise ValueError(
             "on_commit=False inside a transaction would publish a job whose ledger row the "
@@ -187,7 +195,10 @@ def enqueue(
     priority = check_priority(task.default_priority if priority is None else priority)
     now = timezone.now()
     start_at = resolve_start(delay, eta, now)
-    job_id = uuid.UUID(task_id) if task_id else uuid.uuid4()
+    if job_id is not None:
+        job_id = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
+    else:
+        job_id = uuid.UUID(task_id) if task_id else uuid.uuid4()
     job = Job(
         id=job_id,
         task_name=task.name,
@@ -300,6 +311,9 @@ def enqueue_many(
     checked before anything is written, so a bad one fails the whole call and nothing is
     half-accepted (arguments are checked against the job's signature the same way).
     """
+    # a shared_task's Proxy resolves every attribute it is asked for (~10 calls each, three
+    # a call below): resolved once here
+    task = getattr(task, "_get_current_object", lambda: task)()
     priority = check_priority(task.default_priority if priority is None else priority)
     max_bytes = backlot_settings().MAX_PAYLOAD_BYTES
     links: list[int | None] = list(replay_of) if replay_of is not None else [None] * len(calls)

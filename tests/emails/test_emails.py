@@ -7,6 +7,8 @@ import signal
 import uuid
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from emails.models import EmailMessage, EmailStatus
 from jobs import dead_letter_replay
@@ -53,6 +55,22 @@ def test_api_sends_a_multipart_email(worker, mailbox, client, admin_user):
         for part in received.get_payload()
     }
     assert "Hello Jane," in parts["text/plain"] and "<h2>Test message</h2>" in parts["text/html"]
+
+
+def test_the_message_row_is_inserted_with_its_job_id(client, admin_user, transactional_db):
+    client.force_login(admin_user)
+
+    # when: an email is accepted
+    with CaptureQueriesContext(connection) as queries:
+        response = send(client)
+
+    # then: its row names its send job from its INSERT on: no UPDATE of it after the enqueue
+    assert response.status_code == 202
+    body = response.json()
+    assert str(EmailMessage.objects.get(pk=body["email_id"]).job_id) == body["job_id"]
+    assert Job.objects.get(id=body["job_id"]).args == [body["email_id"]]
+    table = EmailMessage._meta.db_table
+    assert not [q for q in queries.captured_queries if q["sql"].startswith(f'UPDATE "{table}"')]
 
 
 @pytest.mark.parametrize(

@@ -6,16 +6,18 @@ stays there to be counted.
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import enqueue_many
 from jobs.broker.broker import queue_keys as broker_queue_keys
 from jobs.broker.redis import redis_client
+from jobs.enqueue import submit
 from jobs.flow.relay import job_relay
 from jobs.models import IdempotencyRecord, Job, JobState
 from tests.support import tasks
@@ -246,6 +248,23 @@ def test_key_of_a_dead_job_can_be_enqueued_again(clean_redis):
     again = tasks.prioritized.using(idempotency_key="pay-2").enqueue("k", "a")
 
     assert again.created and again.id != first.id
+
+
+def test_a_caller_chosen_job_id_names_the_job(clean_redis):
+    # given: an id chosen before the enqueue (a view writes it on its own row first)
+    chosen = uuid.uuid4()
+
+    # when: the job is enqueued with it, then again under the same id
+    handle = tasks.prioritized.using(job_id=chosen, idempotency_key="chosen-1").enqueue("k", "a")
+
+    # then: the job, its row and its message carry that id; an id is one job's only
+    assert handle.id == str(chosen) and handle.created
+    assert Job.objects.get(id=chosen).args == ["k", "a"] and messages_waiting() == 1
+    with pytest.raises(IntegrityError), transaction.atomic():
+        tasks.prioritized.using(job_id=str(chosen)).enqueue("k", "b")
+    with pytest.raises(ValueError, match="not both"):
+        submit.enqueue(task=tasks.prioritized, args=["k"], job_id=chosen, task_id=str(chosen))
+    assert Job.objects.count() == 1 and messages_waiting() == 1
 
 
 def test_untracked_jobs_refuse_idempotency_keys(clean_redis):
