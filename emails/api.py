@@ -9,7 +9,7 @@ from ninja import File, Router, Schema, Status
 from ninja.decorators import decorate_view
 from ninja.errors import HttpError
 from ninja.files import UploadedFile
-from pydantic import EmailStr, Field
+from pydantic import BaseModel, EmailStr, Field
 
 from config.api_types import AuthenticatedRequest
 from jobs import InvalidPayload
@@ -29,7 +29,9 @@ MAX_CONTEXT_KEYS = 50
 CAMPAIGN_MAX_BODY_BYTES = 5 * 1024 * 1024
 
 
-class EmailIn(Schema):
+# A plain pydantic model, not ninja's Schema: a body is a dict, which Schema's root validator
+# (made for ORM objects) would wrap in a DjangoGetter for nothing on every POST /api/emails/.
+class EmailIn(BaseModel):
     to: EmailStr
     template: str = Field(min_length=1, max_length=100)
     context: dict[str, str | int | float | bool | None] = Field(
@@ -79,8 +81,9 @@ def email_create(request: AuthenticatedRequest, payload: EmailIn) -> Status:
         )
     except (services.EmailError, InvalidPayload) as exc:
         raise _bad_request(exc) from None
+    # an instance of the response's schema is dumped as it is, not validated again (ninja)
     return Status(
-        202, {"job_id": handle.id, "email_id": message.pk, "status_url": handle.status_url}
+        202, EmailAccepted(job_id=handle.id, email_id=message.pk, status_url=handle.status_url)
     )
 
 
