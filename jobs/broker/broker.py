@@ -232,30 +232,42 @@ def _publish_many_short(
     headers = {"headers": dict(trace_context)} if trace_context else {}
     # a shared_task's Proxy resolves every attribute it is asked for: resolved once here
     task = getattr(task, "_get_current_object", lambda: task)()
+    # as kombu's batch sent them: the worker applies the task's own limits
+    options = {"time_limit": None, "soft_time_limit": None, **headers}
+    # the messages' text from one template (protocol.fill): the same bytes as build()'s
+    template = protocol.template(
+        task=task,
+        queue=queue,
+        priority=priority,
+        delivery_mode=route.delivery_mode,
+        options={"argsrepr": "", "kwargsrepr": "", **options},
+    )
     try:
         for start in range(0, len(jobs), BULK_BATCH):
             chunk = jobs[start : start + BULK_BATCH]
-            messages = [
-                protocol.build(
-                    task=task,
-                    job_id=job_id,
-                    args=args,
-                    kwargs=kwargs,
-                    queue=queue,
-                    priority=priority,
-                    delivery_mode=route.delivery_mode,
-                    options={
-                        "argsrepr": message_repr(args),
-                        "kwargsrepr": message_repr(kwargs),
-                        # as kombu's batch sent them: the worker applies the task's own limits
-                        "time_limit": None,
-                        "soft_time_limit": None,
-                        **headers,
-                    },
-                )
-                for job_id, args, kwargs in chunk
-            ]
-            protocol.push_many(route, queue, messages)
+            if template is not None:
+                texts = protocol.fill(template, chunk, message_repr)
+            else:
+                texts = [
+                    protocol.dumps(
+                        protocol.build(
+                            task=task,
+                            job_id=job_id,
+                            args=args,
+                            kwargs=kwargs,
+                            queue=queue,
+                            priority=priority,
+                            delivery_mode=route.delivery_mode,
+                            options={
+                                "argsrepr": message_repr(args),
+                                "kwargsrepr": message_repr(kwargs),
+                                **options,
+                            },
+                        )
+                    )
+                    for job_id, args, kwargs in chunk
+                ]
+            protocol.push_texts(route, queue, priority, texts)
             sent += len(chunk)
             if on_chunk is not None:
                 on_chunk([job_id for job_id, _, _ in chunk])

@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -315,3 +316,169 @@ def test_a_fan_out_stores_the_messages_kombus_batch_would(
     assert [comparable(m) for m in ours] == [comparable(m) for m in kombus]
     assert [m["headers"]["id"] for m in ours] == [job_id for job_id, _, _ in jobs]
     assert {m["list"] for m in ours} == {queue_keys(QUEUE)[broker.broker_priority(7)]}
+
+
+# Arguments a fan-out's template must carry as build() does: unicode (escaped, ensure_ascii),
+# quotes, backslashes, control characters, %-signs (the template is %-formatted), nesting,
+# integers past 64 bits, floats, empty containers.
+AWKWARD = [
+    ([], {}),
+    (["héllo ☃ 𝄞 日本"], {"名前": "Zoë", "emoji": "🙂"}),
+    (['say "hi"', "back\\slash", "tab\there\nnew line\r\x01"], {"%s": "%(body)s %% 100%"}),
+    ([{"a": [1, {"b": [None, True, False, 1.5, -0.0, 1e300]}]}], {"deep": [[[[[]]]]], "o": {}}),
+    ([10**30, -(2**63), 2**64 + 1, 0], {"big": 123456789012345678901234567890}),
+    (["x" * 3000], {"k": ["y" * 100] * 10}),
+]
+
+
+@pytest.mark.parametrize("trace", [None, {"traceparent": "00-abc-def-01"}])
+@pytest.mark.parametrize(("args", "kwargs"), AWKWARD)
+def test_a_fan_outs_template_gives_each_message_builds_bytes(
+    args: list[Any], kwargs: dict[str, Any], trace: dict[str, str] | None
+) -> None:
+    # given: the options a fan-out's messages carry (jobs.broker.broker._publish_many_short)
+    task = tasks.prioritized._get_current_object()  # type: ignore[attr-defined]
+    options: dict[str, Any] = {"time_limit": None, "soft_time_limit": None}
+    if trace:
+        options["headers"] = dict(trace)
+    where = {"task": task, "queue": QUEUE, "priority": broker.broker_priority(7)}
+    template = protocol.template(
+        **where, delivery_mode=2, options={"argsrepr": "", "kwargsrepr": "", **options}
+    )
+    assert template is not None
+    job_id = str(uuid.uuid4())
+
+    # when: the job's message is filled in from the template
+    [text] = protocol.fill(template, [(job_id, args, kwargs)], message_repr)
+
+    # then: the text is build()'s message as kombu's dumps writes it, byte for byte, with a
+    # new uuid4 as its delivery tag
+    message = protocol.build(
+        **where,
+        job_id=job_id,
+        args=args,
+        kwargs=kwargs,
+        delivery_mode=2,
+        options={"argsrepr": message_repr(args), "kwargsrepr": message_repr(kwargs), **options},
+    )
+    tag = json.loads(text)["properties"]["delivery_tag"]
+    assert str(uuid.UUID(tag)) == tag
+    assert uuid.UUID(tag).version == 4 and uuid.UUID(tag).variant == uuid.RFC_4122
+    message["properties"]["delivery_tag"] = tag
+    assert text == protocol.dumps(message)
+
+
+def test_each_filled_message_has_its_own_delivery_tag() -> None:
+    task = tasks.prioritized._get_current_object()  # type: ignore[attr-defined]
+    template = protocol.template(
+        task=task, queue=QUEUE, priority=2, delivery_mode=2, options={"argsrepr": ""}
+    )
+    assert template is not None
+    jobs: list[tuple[str, list[Any], dict[str, Any]]] = [
+        (str(uuid.uuid4()), [n], {}) for n in range(500)
+    ]
+    tags = [
+        json.loads(t)["properties"]["delivery_tag"] for t in protocol.fill(template, jobs, repr)
+    ]
+    assert len(set(tags)) == len(jobs)
+    assert all(uuid.UUID(tag).version == 4 for tag in tags)
+
+
+def test_headers_that_replace_a_messages_own_field_leave_the_template_to_build() -> None:
+    # given: headers (a host's trace carrier) holding a field each message sets itself
+    task = tasks.prioritized._get_current_object()  # type: ignore[attr-defined]
+    for header in ("id", "argsrepr", "kwargsrepr"):
+        options = {"argsrepr": "", "kwargsrepr": "", "headers": {header: "fixed"}}
+
+        # then: no template; each message is build()'s
+        assert (
+            protocol.template(task=task, queue=QUEUE, priority=2, delivery_mode=2, options=options)
+            is None
+        )
+
+
+# Not AWKWARD[0]: with no kwargs kombu's batch leaves out kwargsrepr "{}" (slim_message) where
+# build() writes it, as it has since the short path came (7f5e6bf); the template keeps build()'s.
+@pytest.mark.parametrize(("args", "kwargs"), AWKWARD[1:])
+def test_a_fan_out_of_awkward_arguments_stores_what_kombus_batch_would(
+    empty_queue: None, args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    # given: the same jobs published through kombu's batch (a host's receiver of the publish
+    # signal sends them that way) and through the template
+    jobs = [(str(uuid.uuid4()), args, kwargs), (str(uuid.uuid4()), [*args, 1], kwargs)]
+
+    def host_receiver(**_: Any) -> None:
+        pass
+
+    before_task_publish.connect(host_receiver, weak=False)
+    try:
+        assert broker.publish_many(task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE) == 2
+    finally:
+        before_task_publish.disconnect(host_receiver)
+    kombus = popped()
+    assert broker.publish_many(task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE) == 2
+    ours = popped()
+
+    # then: the same messages, the arguments as given
+    assert [comparable(m) for m in ours] == [comparable(m) for m in kombus]
+    assert [comparable(m)["body"][:2] for m in ours] == [[a, k] for _, a, k in jobs]
+
+
+def test_a_fan_out_whose_headers_replace_a_field_sends_builds_messages(
+    empty_queue: None, celery_sends: list[str]
+) -> None:
+    # when: a fan-out whose trace carrier holds an "argsrepr" (no template: build() per job)
+    jobs = [(str(uuid.uuid4()), [n], {"label": "a"}) for n in range(3)]
+    carrier = {"argsrepr": "hidden"}
+    sent = broker.publish_many(
+        task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, trace_context=carrier
+    )
+
+    # then: every message sent on the short path, with the carrier's header as build() puts it
+    assert sent == 3 and celery_sends == []
+    ours = popped()
+    assert [m["headers"]["id"] for m in ours] == [job_id for job_id, _, _ in jobs]
+    assert {m["headers"]["argsrepr"] for m in ours} == {"hidden"}
+
+
+def test_a_job_with_an_eta_goes_through_celery(empty_queue: None, celery_sends: list[str]) -> None:
+    # when: a job due later is published (the relay publishes due jobs; an eta is Celery's)
+    job_id = str(uuid.uuid4())
+    eta = datetime.now(UTC) + timedelta(minutes=5)
+    assert broker.publish(
+        task=tasks.prioritized,
+        job_id=job_id,
+        args=[job_id],
+        kwargs={"label": "later"},
+        queue=QUEUE,
+        priority=7,
+        eta=eta,
+    )
+
+    # then: Celery's send_task wrote it, with its eta
+    [message] = popped()
+    assert celery_sends == [job_id]
+    assert message["headers"]["eta"] == eta.isoformat()
+
+
+def test_a_task_declaring_an_expiry_goes_through_celery(
+    empty_queue: None, celery_sends: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given: a task whose messages expire (Task.expires, which Celery's apply_async applies)
+    task = tasks.prioritized._get_current_object()  # type: ignore[attr-defined]
+    monkeypatch.setattr(task, "expires", 600, raising=False)
+    monkeypatch.setattr(task, "_exec_options", None, raising=False)  # Celery's cache of them
+
+    # when: one job and a fan-out are published
+    job_id = str(uuid.uuid4())
+    assert publish_one(job_id, kwargs={"label": "a"})
+    fanned = [(str(uuid.uuid4()), [str(n)], {"label": "a"}) for n in range(2)]
+    assert broker.publish_many(task=task, jobs=fanned, priority=7, queue=QUEUE) == 2
+
+    # then: the single job took Celery's path and carries its expiry; the fan-out took
+    # kombu's batch, as before the short path
+    messages = popped()
+    assert celery_sends == [job_id]
+    by_id = {m["headers"]["id"]: m for m in messages}
+    assert by_id[job_id]["headers"]["expires"] is not None
+    assert set(by_id) == {job_id, *(i for i, _, _ in fanned)}

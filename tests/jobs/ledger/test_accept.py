@@ -1,0 +1,100 @@
+"""jobs.ledger.accept.insert_many: the COPY of a fan-out's rows (its constant columns written
+once as COPY text, per row only id, args, kwargs and replay link) stores what the ORM's own
+INSERT of the same jobs stores, field for field, awkward values included (PostgreSQL)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from jobs import ledger
+from jobs.models import DeadLetter, Job, JobState
+
+pytestmark = pytest.mark.django_db
+
+# Values COPY's text format must escape (backslash, tab, newline, carriage return, and the
+# backslash of a JSON escape) or the JSON text carries escaped (unicode, quotes).
+AWKWARD: list[tuple[list[Any], dict[str, Any]]] = [
+    ([], {}),
+    (["tab\there", "new\nline", "cr\rback\\slash", 'say "hi"'], {"k\\ey": "\t"}),
+    (["héllo ☃ 𝄞 日本", {"名前": ["Zoë", "🙂"]}], {"nested": [[[{"a": None}]], True]}),
+    ([10**30, -(2**63), 1.5], {"big": 2**64 + 1}),  # (jsonb keeps no -0.0, no 1e300 form)
+    (["\\N", "\\.", "%s %(x)s"], {"\\N": "\\\\N"}),
+]
+
+
+def the_columns(job: Job) -> dict[str, Any]:
+    """Every concrete column of a stored job but its id."""
+    return {
+        f.attname: getattr(job, f.attname) for f in Job._meta.concrete_fields if f.attname != "id"
+    }
+
+
+def test_the_copy_stores_what_the_orms_insert_stores() -> None:
+    assert connection.vendor == "postgresql"
+    # given: a prototype whose constant columns hold awkward text too
+    now = timezone.now()
+    letter = DeadLetter.objects.create(
+        job_id_value=str(uuid.uuid4()),
+        task_name="tests.add",
+        args=[1],
+        kwargs={},
+        queue="default",
+        exception_class="ConnectionError",
+        exception_message="down",
+        first_failed_at=now,
+        last_failed_at=now,
+    )
+    prototype = Job(
+        task_name="tests.add",
+        queue="default",
+        priority=7,
+        state=JobState.QUEUED,
+        max_attempts=3,
+        enqueued_at=now,
+        published_at=now,
+        trace_context={"traceparent": "00-abc\t\\def\n-01", "baggage": "naïve=ü"},
+    )
+    links = [None, letter.id, None, None, letter.id]
+    copied = [
+        ledger.NewRow(uuid.uuid4(), args, kwargs, link)
+        for (args, kwargs), link in zip(AWKWARD, links, strict=True)
+    ]
+
+    # when: the rows are COPYed, and the same jobs inserted by the ORM
+    ledger.insert_many(prototype=prototype, rows=copied)
+    shared = {
+        f.attname: getattr(prototype, f.attname)
+        for f in Job._meta.concrete_fields
+        if f.attname not in ("id", "args", "kwargs", "replay_of_id")
+    }
+    inserted = Job.objects.bulk_create(
+        [
+            Job(**shared, id=uuid.uuid4(), args=r.args, kwargs=r.kwargs, replay_of_id=r.replay_of)
+            for r in copied
+        ]
+    )
+
+    # then: row for row, every column the same, the arguments as given
+    for row, orms in zip(copied, inserted, strict=True):
+        ours = Job.objects.get(id=row.id)
+        assert the_columns(ours) == the_columns(Job.objects.get(id=orms.id))
+        assert (ours.args, ours.kwargs, ours.replay_of_id) == (row.args, row.kwargs, row.replay_of)
+
+
+def test_a_copy_of_more_than_one_statements_rows_stores_them_all() -> None:
+    # given: more rows than one write of the COPY carries
+    now = timezone.now()
+    prototype = Job(task_name="tests.add", queue="default", state=JobState.QUEUED, enqueued_at=now)
+    rows = [ledger.NewRow(uuid.uuid4(), [n, n], {}) for n in range(ledger.BULK_BATCH * 2 + 7)]
+
+    # when
+    ledger.insert_many(prototype=prototype, rows=rows)
+
+    # then: each stored once, with its own arguments
+    stored = dict(Job.objects.filter(id__in=[r.id for r in rows]).values_list("id", "args"))
+    assert stored == {r.id: [n, n] for n, r in enumerate(rows)}
