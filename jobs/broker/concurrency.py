@@ -20,12 +20,13 @@ All decisions are Lua scripts reading Redis' own clock, atomic across hosts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.exceptions import RedisError
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError, RedisError
 
 from jobs.broker import gate_scripts
 from jobs.broker.redis import redis_client, redis_text
@@ -148,6 +149,32 @@ def _admit_args(
     ]
 
 
+def _dispatch_keys(gate: Gate) -> list[str]:
+    """The keys of the DISPATCH script, in its order."""
+    return [*gate.keys(), GATES, QUEUES, OWNER, gate.waiters_key()]
+
+
+def _dispatch_args(gate: Gate, horizon: float, most: int) -> list[Any]:
+    """The arguments of the DISPATCH script, in its order."""
+    return [
+        gate.name,
+        gate.limit,
+        repr(gate.interval),
+        repr(gate.lease),
+        repr(horizon),
+        most,
+        gate.queue,
+    ]
+
+
+def _released(flat: list[Any]) -> list[Released]:
+    """DISPATCH's answer: job, message, wait for each job it let go."""
+    return [
+        Released(redis_text(flat[i]), redis_text(flat[i + 1]), float(flat[i + 2]))
+        for i in range(0, len(flat), 3)
+    ]
+
+
 def catch_up_cap(interval: float) -> int:
     """Most starts of a bucket in any second, as the scripts compute it: its rate, and up to
     10 % more, less two starts' room for timing jitter (one when that leaves no catching up), so
@@ -185,35 +212,85 @@ class Gates:
     def wait(self, jobs: list[tuple[Gate, str, str]]) -> None:
         """Park (gate, job id, message) triples in arrival order, whatever the slots (jobs
         just accepted: dispatch then lets the oldest through), pipelined."""
-        for start in range(0, len(jobs), WAIT_BATCH):
-            pipe = self.client.pipeline(transaction=False)
-            for gate, job_id, message in jobs[start : start + WAIT_BATCH]:
-                self._admit(
-                    keys=_admit_keys(gate),
-                    args=_admit_args(gate, job_id, message, horizon="0", park_only="1"),
-                    client=pipe,
+        self.park(jobs)
+
+    def park(
+        self,
+        jobs: list[tuple[Gate, str, str]],
+        *,
+        dispatch: Sequence[tuple[Gate, float]] = (),
+        counter: tuple[str, str] | None = None,
+    ) -> list[list[Released]]:
+        """wait(jobs), then add their number to `counter` (a per-task counter: name, task) and
+        dispatch each (gate, horizon) of `dispatch`, in that order, each script atomic as
+        alone: the counter and the dispatches ride in the round trip of the last batch of
+        parks. What each dispatch released, in the order of `dispatch`.
+
+        One enqueue of a limited job paid five round trips here (SCRIPT EXISTS, which
+        redis-py's pipeline sends before every EVALSHA it carries, the park, the counter, the
+        dispatch): now one. The scripts go as EVALSHA and are loaded only when Redis answers
+        NOSCRIPT (it restarted or flushed them), then those calls are sent again, in order."""
+        batches = [jobs[start : start + WAIT_BATCH] for start in range(0, len(jobs), WAIT_BATCH)]
+        answers: list[Any] = []
+        for index, batch in enumerate(batches or [[]]):
+            calls: list[tuple[Script, list[str], list[Any]]] = [
+                (
+                    self._admit,
+                    _admit_keys(gate),
+                    _admit_args(gate, job_id, message, horizon="0", park_only="1"),
                 )
-            pipe.execute()
+                for gate, job_id, message in batch
+            ]
+            last = index == max(0, len(batches) - 1)
+            if last:
+                calls += [
+                    (
+                        self._dispatch,
+                        _dispatch_keys(gate),
+                        _dispatch_args(gate, horizon, DISPATCH_MAX),
+                    )
+                    for gate, horizon in dispatch
+                ]
+            tally = (counter[0], counter[1], len(jobs)) if last and counter and jobs else None
+            answers = self._evalsha_pipeline(calls, tally)
+        return [_released(flat) for flat in answers[len(answers) - len(dispatch) :]]
+
+    def _evalsha_pipeline(
+        self, calls: list[tuple[Script, list[str], list[Any]]], tally: tuple[str, str, int] | None
+    ) -> list[Any]:
+        """Run `calls` (script, keys, args) in one pipeline, then HINCRBY `tally`; the scripts'
+        answers. Raises the first error other than a script Redis no longer has."""
+        if not calls and tally is None:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for script, keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        if tally is not None:
+            pipe.hincrby(tally[0], tally[1], tally[2])
+        replies = pipe.execute(raise_on_error=False)[: len(calls)]
+        lost = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if lost:
+            again = self.client.pipeline(transaction=False)
+            for script in {id(calls[i][0]): calls[i][0] for i in lost}.values():
+                again.script_load(script.script)
+            for i in lost:
+                script, keys, args = calls[i]
+                again.evalsha(script.sha, len(keys), *keys, *args)
+            for i, reply in zip(
+                lost, again.execute(raise_on_error=False)[-len(lost) :], strict=True
+            ):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     def dispatch(self, gate: Gate, *, horizon: float, most: int = DISPATCH_MAX) -> list[Released]:
         """Release the oldest waiters into the slots free now (and rate tokens within
         `horizon` s); the caller re-publishes what is returned."""
-        flat = self._dispatch(
-            keys=[*gate.keys(), GATES, QUEUES, OWNER, gate.waiters_key()],
-            args=[
-                gate.name,
-                gate.limit,
-                repr(gate.interval),
-                repr(gate.lease),
-                repr(horizon),
-                most,
-                gate.queue,
-            ],
+        return _released(
+            self._dispatch(keys=_dispatch_keys(gate), args=_dispatch_args(gate, horizon, most))
         )
-        return [
-            Released(redis_text(flat[i]), redis_text(flat[i + 1]), float(flat[i + 2]))
-            for i in range(0, len(flat), 3)
-        ]
 
     def release(self, gate: Gate, job_id: str) -> bool:
         """The job ended (or will not run): free its slot, or take it out of the line."""

@@ -316,12 +316,13 @@ def park(task: Any, jobs: Sequence[Parking]) -> list[str]:
             waiting.append((gate, item.job_id, message))
             touched[gate.name] = gate
             done.append(item.job_id)
-        gates.wait(waiting)
-        if waiting:
-            count(PARKED, task.name, len(waiting))
-        for gate in touched.values():
-            horizon = horizon_for(gate.interval, conf.RATE_LIMIT_MAX_RESERVE)
-            released = gates.dispatch(gate, horizon=horizon)
+        # the parks, their count and each gate's dispatch: one round trip (Gates.park)
+        dispatch = [
+            (gate, horizon_for(gate.interval, conf.RATE_LIMIT_MAX_RESERVE))
+            for gate in touched.values()
+        ]
+        releases = gates.park(waiting, dispatch=dispatch, counter=(PARKED, task.name))
+        for (gate, _), released in zip(dispatch, releases, strict=True):
             _publish(task.name, released, marked=parked)
             if gate.interval:
                 _waits(task.name, gate, [j for g, j, _ in waiting if g is gate], released)

@@ -435,6 +435,28 @@ def test_jobs_parked_at_enqueue_leave_in_order_as_slots_free(gates):
     assert [r.job_id for r in gates.dispatch(gate, horizon=1)] == ["j2"]
 
 
+def test_a_park_counts_and_dispatches_in_its_one_round_trip_even_after_a_script_flush(gates):
+    gate = conc_gate(limit=2)
+    gates.wait([(gate, "j0", "{}")])
+    counters = "backlot:metrics:test_parked"
+
+    # when: Redis lost its scripts (a restart, SCRIPT FLUSH), then three more jobs park
+    gates.client.script_flush()
+    [released] = gates.park(
+        [(gate, f"j{i}", f'{{"i": {i}}}') for i in (1, 2, 3)],
+        dispatch=[(gate, 1.0)],
+        counter=(counters, "t"),
+    )
+
+    # then: they parked behind j0, the dispatch let the two oldest in, the count is theirs
+    assert [r.job_id for r in released] == ["j0", "j1"]
+    assert sorted(gates.holding(gate)) == ["j0", "j1"] and gates.waiting(gate) == 2
+    assert int(gates.client.hget(counters, "t")) == 3
+    # and the scripts are back: a second park sends them as EVALSHA only
+    [none] = gates.park([(gate, "j4", "{}")], dispatch=[(gate, 1.0)], counter=(counters, "t"))
+    assert none == [] and gates.waiting(gate) == 3 and int(gates.client.hget(counters, "t")) == 4
+
+
 def test_rate_waiters_are_granted_one_token_each_an_interval_apart(gates):
     gate = rate_gate(interval=0.1)
     gates.wait([(gate, f"j{i}", "{}") for i in range(30)])
