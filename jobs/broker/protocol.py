@@ -374,7 +374,9 @@ def _send(route: Route, commands: list[tuple[Any, ...]]) -> None:
     connection = pool.get_connection()
     refused: redis.ResponseError | None = None
     try:
-        connection.send_packed_command([hiredis.pack_command(c) for c in commands])
+        # One bytes object, so one send: a list is sent item by item, a syscall and a packet
+        # each, which cost a single enqueue ~0.1 ms (its LPUSH, bell LPUSH and LTRIM apart).
+        connection.send_packed_command([b"".join([hiredis.pack_command(c) for c in commands])])
         for _ in commands:  # every reply is read, so the connection stays in step
             try:
                 connection.read_response()
