@@ -164,7 +164,10 @@ def limited(task: Any, *, job_id: str, attempt: int, lease_owner: str | None) ->
         return
     soft, hard = limits(task)
     previous: Any = None
+    other = (0.0, 0.0)  # an alarm someone else set (pytest-timeout, a host's): back after the run
+    began = time.monotonic()
     if soft:
+        other = signal.getitimer(signal.ITIMER_REAL)
         previous = signal.signal(signal.SIGALRM, _Soft.handle)
         _Soft.armed = True
         signal.setitimer(signal.ITIMER_REAL, soft)
@@ -178,6 +181,10 @@ def limited(task: Any, *, job_id: str, attempt: int, lease_owner: str | None) ->
         if soft:
             _Soft.armed = False  # first: an alarm from here on raises nothing
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            # None: the handler before was not set from Python; the default is what it did
+            signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+            if other[0]:
+                left = max(other[0] - (time.monotonic() - began), 0.001)
+                signal.setitimer(signal.ITIMER_REAL, left, other[1])
         if run is not None:
             _watchdog.ended(run)
