@@ -10,7 +10,7 @@ export PYTEST_ARGS
 
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
-	@echo "make test     make lint, then test Redis :6390 and PostgreSQL :54329 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
+	@echo "make test     make lint, then test Redis :6390, PostgreSQL :54329 and RabbitMQ :5682 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
 	@echo "make test-scale  (root) tests/scale: two worker hosts in network namespaces (5,000 jobs, 600 rate-limited), and a Redis Sentinel failover under load (FAILOVER_JOBS=240; PYTEST_ARGS=...)"
 	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :16390 and up and PostgreSQL :29334 (COMPAT_ARGS=...; docs/celery-compat.md)"
 	@echo "make test-celery-compat-job  its @job half only, compared with the committed control (tests/celery_compat/control-<version>.json); .ci/run runs it after make test"
@@ -19,7 +19,7 @@ help:
 	@echo "make venv     create .venv and install the project (pip install -e '.[project,dev]') when pyproject.toml changed"
 	@echo "make lint     ruff (lint and format check) and mypy over the whole tree; make test runs it first"
 	@echo "make docs     regenerate docs/api.md from the API's OpenAPI schema (a test fails when it is stale)"
-	@echo "make stop     stop any Redis/PostgreSQL that these scripts left running under .data/"
+	@echo "make stop     stop any Redis/PostgreSQL/RabbitMQ that these scripts left running under .data/"
 	@echo "make clean    stop them and delete .data/, staticfiles/ and caches"
 
 venv:
@@ -63,12 +63,14 @@ docs: venv
 services-up:
 	@bash scripts/services.sh redis-up redis://127.0.0.1:6390/0 .data/redis-test
 	@bash scripts/services.sh postgres-up .data/pg 54329
-	@echo "export DATABASE_URL=postgres://backlot@127.0.0.1:54329/backlot REDIS_URL=redis://127.0.0.1:6390/0"
+	@bash scripts/services.sh rabbitmq-up amqp://guest:guest@127.0.0.1:5682// .data/rabbitmq-test
+	@echo "export DATABASE_URL=postgres://backlot@127.0.0.1:54329/backlot REDIS_URL=redis://127.0.0.1:6390/0 BACKLOT_TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:5682//"
 
 services-down stop:
 	@bash scripts/services.sh redis-down .data/redis
 	@bash scripts/services.sh redis-down .data/redis-test
 	@bash scripts/services.sh postgres-down .data/pg
+	@bash scripts/services.sh rabbitmq-down .data/rabbitmq-test
 
 clean: stop
 	rm -rf .data staticfiles .pytest_cache

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `make test`: the lint gate (scripts/lint.sh), then a test Redis (:6390) and PostgreSQL
-# (:54329) under .data/ and pytest; as root, the multi-host test (tests/scale) too.
+# `make test`: the lint gate (scripts/lint.sh), then a test Redis (:6390), PostgreSQL (:54329)
+# and RabbitMQ (:5682, BACKLOT_TEST_AMQP_URL) under .data/ and pytest; as root, the multi-host
+# test (tests/scale) too.
 # Services started here are stopped afterwards, whatever happens; the exit status is
 # pytest's. Extra arguments (or PYTEST_ARGS) go to pytest.
 # Then, on the same services, the Tasks-backend tests and the platform smoke test run again on
@@ -11,22 +12,28 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . scripts/lib.sh
 
-# BACKLOT_TEST_REDIS_PORT / BACKLOT_TEST_PG_PORT move the services (a second checkout's run
-# beside a first one's services); CI uses the defaults.
+# BACKLOT_TEST_REDIS_PORT / BACKLOT_TEST_PG_PORT / BACKLOT_TEST_AMQP_PORT move the services (a
+# second checkout's run beside a first one's services); CI uses the defaults.
 TEST_REDIS_URL=redis://127.0.0.1:${BACKLOT_TEST_REDIS_PORT:-6390}/0
 TEST_REDIS_DATA=.data/redis-test
 TEST_PG_DATA=.data/pg
 TEST_PG_PORT=${BACKLOT_TEST_PG_PORT:-54329}
+# The node also takes epmd on the port - 1300 and distribution on the port + 20000
+# (scripts/services.sh); it boots in about 8 s.
+TEST_AMQP_URL=amqp://guest:guest@127.0.0.1:${BACKLOT_TEST_AMQP_PORT:-5682}//
+TEST_RABBITMQ_DATA=.data/rabbitmq-test
 STATUS_FILE=.data/pytest.status   # the run's own exit status, for a look after make (which reports 2)
 
 started_redis=0
 started_pg=0
+started_rabbitmq=0
 
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     if [[ $started_redis -eq 1 ]]; then bash scripts/services.sh redis-down "$TEST_REDIS_DATA" || true; fi
     if [[ $started_pg -eq 1 ]]; then bash scripts/services.sh postgres-down "$TEST_PG_DATA" || true; fi
+    if [[ $started_rabbitmq -eq 1 ]]; then bash scripts/services.sh rabbitmq-down "$TEST_RABBITMQ_DATA" || true; fi
     exit "$rc"
 }
 trap cleanup EXIT
@@ -53,6 +60,14 @@ if ! bash scripts/services.sh postgres-status "$TEST_PG_DATA" >/dev/null 2>&1; t
 fi
 bash scripts/services.sh postgres-up "$TEST_PG_DATA" "$TEST_PG_PORT"
 
+if ! bash scripts/services.sh rabbitmq-status "$TEST_RABBITMQ_DATA" >/dev/null 2>&1; then
+    started_rabbitmq=1
+fi
+bash scripts/services.sh rabbitmq-up "$TEST_AMQP_URL" "$TEST_RABBITMQ_DATA"
+if ! bash scripts/services.sh rabbitmq-status "$TEST_RABBITMQ_DATA" >/dev/null 2>&1; then
+    started_rabbitmq=0   # an already-running RabbitMQ not started by us was used
+fi
+
 # System tools the tests drive for real: ffprobe (media), Pango (WeasyPrint), Chromium (admin).
 missing=()
 command -v ffprobe >/dev/null 2>&1 || missing+=(ffmpeg)
@@ -65,6 +80,7 @@ if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
 
 export DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot"
 export REDIS_URL="$TEST_REDIS_URL"
+export BACKLOT_TEST_AMQP_URL="$TEST_AMQP_URL"
 export PATH="$PWD/.venv/bin:$PATH"
 
 # tests/scale builds Linux network namespaces: it needs root and `ip netns` (CI has both).
