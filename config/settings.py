@@ -212,7 +212,13 @@ REDIS_SENTINEL_PASSWORD = os.environ.get("REDIS_SENTINEL_PASSWORD", "")
 # only, acks_late, the ledger's result backend, the beat leader, the platform's periodic tasks.
 # Set here is only what this project chooses itself, from the environment.
 # https://docs.celeryq.dev/en/stable/userguide/configuration.html
-if not REDIS_SENTINELS:
+# BROKER_URL=amqp://USER:PASSWORD@HOST:5672/VHOST: RabbitMQ is the broker (quorum queues,
+# publisher confirms; docs/scaling.md); Redis (REDIS_URL) still keeps the platform's limits,
+# counters and locks. Unset: the broker is REDIS_URL.
+BROKER_URL = os.environ.get("BROKER_URL", "")
+if BROKER_URL:
+    CELERY_BROKER_URL = BROKER_URL
+elif not REDIS_SENTINELS:
     # With Sentinels, jobs.worker.celery gives the broker kombu's sentinel:// URL and master_name.
     CELERY_BROKER_URL = REDIS_URL
 # Merged key by key into Backlot's transport options (jobs.worker.celery.PRIORITY_TRANSPORT_OPTIONS:
@@ -264,6 +270,10 @@ BACKLOT: dict[str, Any] = {
     "MAX_BROKER_COUNTDOWN": int(os.environ.get("BACKLOT_MAX_BROKER_COUNTDOWN", "900")),
     # A pool process dying this many times on one job sends it to the dead letters.
     "MAX_WORKER_CRASHES": int(os.environ.get("BACKLOT_MAX_WORKER_CRASHES", "3")),
+    # With BROKER_URL=amqp://...: "quorum" (replicated) or "classic" (one node, priorities),
+    # and how many deliveries of one message RabbitMQ makes before the relay dead-letters it.
+    "AMQP_QUEUE_TYPE": os.environ.get("BACKLOT_AMQP_QUEUE_TYPE", "quorum"),
+    "AMQP_DELIVERY_LIMIT": int(os.environ.get("BACKLOT_AMQP_DELIVERY_LIMIT", "20")),
     # A rate-limited job may reserve a slot this far ahead; beyond it, it backs off unreserved.
     "RATE_LIMIT_MAX_RESERVE": float(os.environ.get("BACKLOT_RATE_LIMIT_MAX_RESERVE", "30")),
     "HEALTH_MAX_QUEUE_DEPTH": int(os.environ.get("BACKLOT_HEALTH_MAX_QUEUE_DEPTH", "1000")),

@@ -20,8 +20,9 @@ from kombu.exceptions import KombuError
 from kombu.utils.json import loads
 from redis.exceptions import RedisError
 
-from jobs.broker import protocol
+from jobs.broker import amqp, protocol
 from jobs.broker.redis import redis_client
+from jobs.core.conf import backlot_settings
 from jobs.core.masking import message_repr
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,26 @@ class Publishable(Protocol):
 
 
 def broker_priority(priority: int) -> int:
-    """Backlot priorities run 0 (lowest) to 9 (highest); Redis consumes level 0 first."""
-    return 9 - priority
+    """Backlot priorities run 0 (lowest) to 9 (highest); Redis consumes level 0 first,
+    RabbitMQ the highest first."""
+    return amqp.broker_priority(priority) if amqp.enabled() else 9 - priority
+
+
+def lists_held_messages() -> bool:
+    """The broker can show which messages it holds (Redis: its lists and the unacked hash), so
+    the relay finds a message lost between a row's commit and its publish, and rows go in
+    already marked published. RabbitMQ cannot: its rows are marked once the publish is
+    confirmed, and one not marked stays in the outbox (jobs.broker.amqp)."""
+    return not amqp.enabled()
+
+
+def takes_countdown(delay: float) -> bool:
+    """A job due in `delay` seconds is handed to the broker now, with its countdown (Redis,
+    up to BACKLOT['MAX_BROKER_COUNTDOWN']); else it waits in the ledger and the relay publishes
+    it when due. On RabbitMQ only a job due now is: nothing waits broker-side there."""
+    if amqp.enabled():
+        return delay <= 0
+    return delay <= backlot_settings().MAX_BROKER_COUNTDOWN
 
 
 def backlot_priority(broker: int) -> int:
@@ -313,7 +332,10 @@ def queue_keys(queue: str) -> list[str]:
 
 
 def queue_depths(queues: Sequence[str]) -> dict[str, int]:
-    """Messages waiting in Redis per queue (every priority level), in one pipelined round."""
+    """Messages waiting in the broker per queue (in Redis every priority level, in one
+    pipelined round)."""
+    if amqp.enabled():
+        return amqp.queue_depths(queues)
     keys = {queue: queue_keys(queue) for queue in queues}
     pipe = redis_client().pipeline(transaction=False)
     for queue_key_list in keys.values():
@@ -345,7 +367,9 @@ def held_job_ids(queue: str) -> set[str] | None:
     With BACKLOT['ATOMIC_FETCH'] off, a message a consumer popped and has not yet recorded in
     `unacked` (kombu's BRPOP and its unacked write are two round trips) is in neither: one read
     at that instant over-reports it missing, and its re-sent copy is dropped at claim (with it
-    on, jobs.broker.fetch pops and records a message in one step)."""
+    on, jobs.broker.fetch pops and records a message in one step). RabbitMQ cannot tell."""
+    if amqp.enabled():
+        return None
     connection: Any
     try:
         # The broker's own Redis (its URL, database, key prefix, Sentinel), which need not be
@@ -386,7 +410,9 @@ def _message_id(message: Any) -> str | None:
 
 def idle_queues(queues: Sequence[str]) -> list[str]:
     """The queues that hold no message in Redis, when nothing is unacknowledged either; []
-    when Redis cannot tell."""
+    when Redis cannot tell, and always on RabbitMQ (its unacknowledged count is not read)."""
+    if amqp.enabled():
+        return []
     try:
         if unacknowledged():
             return []

@@ -29,6 +29,11 @@ from django.core.signals import setting_changed
 DEFAULT_VISIBILITY_TIMEOUT = 7200
 # A Sentinel's port where a sentinel:// URL names none (Redis' and kombu's default).
 SENTINEL_PORT = 26379
+# Broker URL schemes: Redis (one server or Sentinels), and RabbitMQ (AMQP 0-9-1, py-amqp).
+REDIS_SCHEMES = ("redis", "rediss", "sentinel")
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+# The queue types Backlot declares on RabbitMQ (BACKLOT['AMQP_QUEUE_TYPE']).
+AMQP_QUEUE_TYPES = ("quorum", "classic")
 # What beat does with a fire time missed while no beat ran (BACKLOT['SCHEDULE_CATCH_UP']).
 SCHEDULE_CATCH_UP_POLICIES = ("run_once", "skip")
 
@@ -40,8 +45,20 @@ class BacklotSettings:
     # Queues jobs may name; each has ten Redis priority lists (priority_steps 0-9).
     QUEUES: tuple[str, ...] = ("default",)
     # Redis used for rate limits, beat's leader lock, counters and queue depths; defaults to
-    # the project's REDIS_URL, else its CELERY_BROKER_URL.
+    # the project's REDIS_URL, else its CELERY_BROKER_URL (when that is a Redis one). It is the
+    # broker too, unless BROKER_URL names RabbitMQ.
     REDIS_URL: str = "redis://127.0.0.1:6379/0"
+    # The broker, when it is RabbitMQ: an amqp:// URL (defaults to the project's
+    # CELERY_BROKER_URL when that is one). Empty: the broker is REDIS_URL (or its Sentinels).
+    # On RabbitMQ the queues are quorum queues (replicated; jobs.broker.amqp), every publish is
+    # confirmed, and Redis still keeps the rate limits, gates, counters and beat's lock.
+    BROKER_URL: str = ""
+    # RabbitMQ queue type: "quorum" (replicated with Raft; RabbitMQ < 3.12 has no priorities
+    # on them) or "classic" (one node, priorities 0-9 by x-max-priority).
+    AMQP_QUEUE_TYPE: str = "quorum"
+    # A quorum queue drops (here: dead-letters to Backlot's parking queue) a message delivered
+    # this many times; above MAX_WORKER_CRASHES, so the ledger dead-letters a poison job first.
+    AMQP_DELIVERY_LIMIT: int = 20
     # Redis Sentinel (jobs.broker.redis): the Sentinels ("host:port") and the name of the master
     # they
     # watch (`sentinel monitor <name> ...`). When set, the broker and every platform use of Redis
@@ -168,10 +185,16 @@ def _resolve() -> BacklotSettings:
             f"known: {', '.join(sorted(set(_FIELDS) - _DERIVED))}"
         )
     values = {name: _coerce(name, value) for name, value in given.items()}
+    celery_broker = str(getattr(settings, "CELERY_BROKER_URL", None) or "")
     if "REDIS_URL" not in values:
-        url = getattr(settings, "REDIS_URL", None) or getattr(settings, "CELERY_BROKER_URL", None)
+        url = getattr(settings, "REDIS_URL", None) or (
+            celery_broker if url_scheme(celery_broker) in REDIS_SCHEMES else None
+        )
         if url:
             values["REDIS_URL"] = str(url)
+    if "BROKER_URL" not in values and url_scheme(celery_broker) in AMQP_SCHEMES:
+        values["BROKER_URL"] = celery_broker
+    _check_broker(values)
     options = getattr(settings, "CELERY_BROKER_TRANSPORT_OPTIONS", None) or {}
     values["VISIBILITY_TIMEOUT"] = int(
         options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
@@ -186,6 +209,37 @@ def _resolve() -> BacklotSettings:
             f"got {resolved.SCHEDULE_CATCH_UP!r}"
         )
     return resolved
+
+
+def url_scheme(url: str) -> str:
+    """The scheme of a broker URL (of its first part, for a ';'-separated list)."""
+    return urlsplit(url.split(";", 1)[0].strip()).scheme
+
+
+def _check_broker(values: dict[str, Any]) -> None:
+    broker = values.get("BROKER_URL", "")
+    scheme = url_scheme(broker)
+    if broker and scheme not in AMQP_SCHEMES + REDIS_SCHEMES:
+        # only the scheme is shown: a broker URL may hold a password
+        raise ImproperlyConfigured(
+            f"BACKLOT['BROKER_URL'] is a URL of scheme {scheme!r}: Backlot's broker is Redis "
+            "(leave BROKER_URL empty and set REDIS_URL) or RabbitMQ "
+            "(amqp://USER:PASSWORD@HOST:5672/VHOST)"
+        )
+    if scheme in REDIS_SCHEMES:  # the Redis broker is REDIS_URL: one place to set it
+        if values.setdefault("REDIS_URL", broker) != broker:
+            raise ImproperlyConfigured(
+                "BACKLOT['BROKER_URL'] names another Redis than REDIS_URL: leave BROKER_URL "
+                "empty (the broker is then REDIS_URL) or set it to a RabbitMQ amqp:// URL"
+            )
+        values["BROKER_URL"] = ""
+    kind = values.get("AMQP_QUEUE_TYPE", "quorum")
+    if kind not in AMQP_QUEUE_TYPES:
+        raise ImproperlyConfigured(
+            f"BACKLOT['AMQP_QUEUE_TYPE'] must be 'quorum' or 'classic', got {kind!r} (classic "
+            "mirrored queues are not supported: they can lose confirmed messages on a failover, "
+            "and RabbitMQ 4 removed them; quorum queues replicate with Raft)"
+        )
 
 
 def _resolve_sentinels(values: dict[str, Any], options: dict[str, Any]) -> None:

@@ -232,13 +232,15 @@ def enqueue(
             joining.born_cancelled += 1
         return JobHandle(id=str(job.id), task_name=task.name)
 
-    publishes = start_at is None or (start_at - now).total_seconds() <= conf.MAX_BROKER_COUNTDOWN
-    if publishes:
-        # Inserted already marked published: the message goes right after (after commit), and
-        # a row marked by a second UPDATE cost the enqueue a round trip. A publish that fails
-        # puts it back in the outbox (below); one lost with its process after the commit is
-        # found missing from Redis by the relay's reconcile (jobs.flow.relay, MISSING_AFTER).
-        # Long delays wait in the ledger, unpublished; the relay publishes them when due.
+    publishes = start_at is None or broker.takes_countdown((start_at - now).total_seconds())
+    # Inserted already marked published: the message goes right after (after commit), and a
+    # row marked by a second UPDATE cost the enqueue a round trip. A publish that fails puts
+    # it back in the outbox (below); one lost with its process after the commit is found
+    # missing from Redis by the relay's reconcile (jobs.flow.relay, MISSING_AFTER). RabbitMQ
+    # cannot show what it holds: there the row is marked once the publish is confirmed.
+    # Long delays wait in the ledger, unpublished; the relay publishes them when due.
+    marked = publishes and broker.lists_held_messages()
+    if marked:
         job.published_at = now
     if idempotency_key:
         ttl = timedelta(seconds=conf.IDEMPOTENCY_TTL)
@@ -260,8 +262,12 @@ def enqueue(
         joining.added += 1
 
     def accepted() -> None:
-        if publishes and not publish_job(
-            job=job, task=task, options=publish_options, mark_published=False
+        if (
+            publishes
+            and not publish_job(
+                job=job, task=task, options=publish_options, mark_published=not marked
+            )
+            and marked
         ):
             ledger.unpublish(job.id)  # the broker is away: the relay publishes it
         _announce(job)
@@ -347,12 +353,18 @@ def enqueue_many(
             return [str(row.id) for row in rows]
         # copied already marked published, as enqueue() inserts its row: no UPDATE of every
         # row after the publish; those the broker did not take go back to the outbox below
-        prototype.published_at = prototype.enqueued_at
+        # (on RabbitMQ each chunk is marked once the broker confirmed it, as enqueue() does)
+        if broker.lists_held_messages():
+            prototype.published_at = prototype.enqueued_at
         ledger.insert_many(prototype=prototype, rows=rows)
         if joining is not None:
             joining.added += len(rows)
     elif context.joining_batch() is not None:
         raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
+
+    # rows inserted unpublished (RabbitMQ) are marked as the broker takes them
+    unmarked = task.track and not broker.lists_held_messages()
+    mark_sent = ledger.mark_published if unmarked else None
 
     def publish() -> None:
         todo = rows
@@ -364,12 +376,19 @@ def enqueue_many(
             for job in waiting:
                 job.trace_context = carrier
             kept = park_at_gates(task, waiting, None)
+            if kept and mark_sent is not None:
+                mark_sent(sorted(kept))
             todo = [row for row in rows if str(row.id) not in kept]
             if not todo:
                 return
         messages = [(str(row.id), row.args, row.kwargs) for row in todo]
         sent = broker.publish_many(
-            task=task, jobs=messages, queue=queue, priority=priority, trace_context=carrier
+            task=task,
+            jobs=messages,
+            queue=queue,
+            priority=priority,
+            trace_context=carrier,
+            on_chunk=mark_sent,
         )
         if sent == len(todo):
             return
@@ -377,6 +396,8 @@ def enqueue_many(
             raise BrokerUnavailable(
                 f"Broker unavailable: {len(todo) - sent} untracked {task.name} jobs not sent"
             )
+        if mark_sent is not None:
+            return  # the rest were never marked: the relay publishes them
         unsent = [row.id for row in todo[sent:]]  # the relay publishes them
         for start in range(0, len(unsent), ledger.BULK_BATCH):
             ledger.unpublish(*unsent[start : start + ledger.BULK_BATCH])

@@ -20,7 +20,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from jobs import ledger
-from jobs.broker import broker, restore, slots
+from jobs.broker import amqp, broker, restore, slots
 from jobs.broker.concurrency import Gates
 from jobs.broker.redis import redis_client
 from jobs.core import events
@@ -57,7 +57,10 @@ def job_relay(*, limit: int = 500) -> int:
     now = timezone.now()
     conf = backlot_settings()
     _lapsed_leases(now)
-    _restore_reservations()
+    if amqp.enabled():
+        _undeliverable()  # RabbitMQ gives a dead worker's messages back itself
+    else:
+        _restore_reservations()
     # Reconcile: a waiting job (queued, or a scheduled/retrying one whose time has come)
     # published longer ago than Redis would take to redeliver it was lost by the broker
     # (restart without AOF, FLUSHDB, a pop without ack, a worker killed holding it): send it
@@ -315,6 +318,39 @@ def _lapsed_leases(now: datetime) -> None:
             redis_client().incrby(LEASE_LAPSES, lapsed)
         except RedisError as exc:  # Redis is away: the sweep goes on, the count misses these
             logger.warning("relay: could not count %d lapsed lease(s): %s", lapsed, exc)
+
+
+def _undeliverable() -> None:
+    """Messages a quorum queue gave up on (delivered AMQP_DELIVERY_LIMIT times: a job whose
+    runs never ended, its worker dying or its claim failing each time) become dead letters,
+    never a silent broker drop (jobs.broker.amqp)."""
+    try:
+        amqp.drain_undeliverable(_dead_undeliverable)
+    except broker.BROKER_ERRORS as exc:  # RabbitMQ is away: the next sweep tries again
+        logger.warning("relay: could not read the undeliverable messages: %s", exc)
+
+
+def _dead_undeliverable(job_ids: list[str]) -> None:
+    limit = backlot_settings().AMQP_DELIVERY_LIMIT
+    for job in Job.objects.filter(id__in=job_ids, state__in=WAITING_STATES):
+        exc = WorkerLostError(
+            f"RabbitMQ delivered this job's message {limit} times (x-delivery-limit) and no "
+            "run of it ended"
+        )
+        dead_letter = ledger.give_up(
+            job_id=str(job.id),
+            defaults=ledger.Defaults(job.task_name, job.queue, job.priority),
+            args=job.args,
+            kwargs=job.kwargs,
+            attempt=job.attempts,
+            exc=exc,
+            failures=list(job.failures or []),
+        )
+        logger.error("Job %s (%s) gave up: %s", job.id, job.task_name, exc)
+        task = None
+        with contextlib.suppress(UnknownTask):
+            task = task_by_name(job.task_name)
+        _announce_dead(job, exc, dead_letter.pk if dead_letter else None, task)
 
 
 def _restore_reservations() -> None:

@@ -14,7 +14,7 @@ from django.db import connections
 
 from jobs.broker.ratelimit import parse_rate
 from jobs.broker.redis import connect as redis_connect
-from jobs.core.conf import backlot_settings
+from jobs.core.conf import REDIS_SCHEMES, backlot_settings, url_scheme
 from jobs.core.states import FINISHED_STATES
 from jobs.worker import conflicts, telemetry
 from jobs.worker.registry import platform_tasks
@@ -35,9 +35,21 @@ def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="jobs.E001",
             )
         )
-    visibility = backlot_settings().VISIBILITY_TIMEOUT
-    held = backlot_settings().MAX_BROKER_COUNTDOWN + backlot_settings().RATE_LIMIT_MAX_RESERVE
-    if held >= visibility:
+    conf = backlot_settings()
+    visibility = conf.VISIBILITY_TIMEOUT
+    held = conf.MAX_BROKER_COUNTDOWN + conf.RATE_LIMIT_MAX_RESERVE
+    if conf.BROKER_URL and not _redis_given():
+        problems.append(
+            Error(
+                "The broker is RabbitMQ (BACKLOT['BROKER_URL']) and no Redis is set: Backlot "
+                "keeps its rate limits, concurrency gates, counters, worker presence and beat's "
+                "leader lock in Redis on every broker.",
+                hint="Set REDIS_URL (or BACKLOT['REDIS_URL']) to your Redis, "
+                "e.g. redis://HOST:6379/0.",
+                id="jobs.E012",
+            )
+        )
+    if held >= visibility and not conf.BROKER_URL:  # RabbitMQ redelivers on no timeout
         problems.append(
             Error(
                 f"Countdowns up to {held:.0f}s may sit in Redis but the visibility timeout is "
@@ -47,6 +59,18 @@ def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     return problems
+
+
+def _redis_given() -> bool:
+    """The project names a Redis (REDIS_URL, BACKLOT['REDIS_URL'], or a Redis broker URL)."""
+    given = getattr(settings, "BACKLOT", None) or {}
+    celery_broker = str(getattr(settings, "CELERY_BROKER_URL", None) or "")
+    return bool(
+        getattr(settings, "REDIS_URL", None)
+        or given.get("REDIS_URL")
+        or given.get("REDIS_SENTINELS")
+        or url_scheme(celery_broker) in REDIS_SCHEMES
+    )
 
 
 @register(Tags.compatibility)

@@ -31,7 +31,7 @@ from celery.signals import celeryd_init
 from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
-from jobs.broker import fetch
+from jobs.broker import amqp, fetch
 from jobs.broker.redis import broker_transport_options, broker_url
 from jobs.core.conf import backlot_settings
 from jobs.worker import shutdown
@@ -109,8 +109,9 @@ def platform_settings() -> dict[str, Any]:
     conf = backlot_settings()
     default_queue = "default" if "default" in conf.QUEUES else conf.QUEUES[0]
     return {
-        # REDIS_URL, or kombu's sentinel:// list of BACKLOT['REDIS_SENTINELS'] (jobs.broker.redis).
-        "broker_url": broker_url(),
+        # REDIS_URL, or kombu's sentinel:// list of BACKLOT['REDIS_SENTINELS'] (jobs.broker.redis),
+        # or RabbitMQ's amqp:// BACKLOT['BROKER_URL'] (jobs.broker.amqp).
+        "broker_url": conf.BROKER_URL or broker_url(),
         "broker_connection_retry_on_startup": True,
         # Connecting to a frozen Redis gives up after this many seconds (Celery's default is 4):
         # the enqueue falls back to the ledger instead of holding the request.
@@ -155,22 +156,37 @@ def platform_settings() -> dict[str, Any]:
         "task_soft_time_limit": 1740,
         "timezone": django_settings.TIME_ZONE,
         "task_default_queue": default_queue,
-        "task_queues": [
-            Queue(name, Exchange(name), routing_key=name, queue_arguments={"x-max-priority": 9})
-            for name in conf.QUEUES
-        ],
+        "task_queues": _queues(conf.QUEUES),
         "task_create_missing_queues": False,
         # Workers keep their database connections between jobs: Celery's Django fixup would
         # close them around every task, and connecting was a quarter of a short job's cost
         # (jobs.worker.signals closes broken or over-age ones before each job, as Django does per
         # request). The fixup reads this old-style name.
         "CELERY_DB_REUSE_MAX": 1_000_000,
+        **(_amqp_settings() if amqp.enabled() else {}),
     }
+
+
+def _amqp_settings() -> dict[str, Any]:
+    """On RabbitMQ: no countdowns held broker-side (jobs.worker.consumer)."""
+    return {"worker_consumer": "jobs.worker.consumer:Consumer"}
+
+
+def _queues(names: tuple[str, ...]) -> list[Queue]:
+    if amqp.enabled():  # quorum queues, durable (jobs.broker.amqp)
+        return [amqp.declared_queue(name) for name in names]
+    return [
+        Queue(name, Exchange(name), routing_key=name, queue_arguments={"x-max-priority": 9})
+        for name in names
+    ]
 
 
 def platform_transport_options() -> dict[str, Any]:
     """Broker transport options Backlot needs; the visibility timeout from jobs.core.conf, and with
-    Redis Sentinel the master's name (kombu's Sentinel transport follows it across a failover)."""
+    Redis Sentinel the master's name (kombu's Sentinel transport follows it across a failover).
+    On RabbitMQ: publisher confirms (jobs.broker.amqp)."""
+    if amqp.enabled():
+        return amqp.transport_options()
     return {
         **PRIORITY_TRANSPORT_OPTIONS,
         **broker_transport_options(),

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from celery.utils.imports import symbol_by_name
 
-from jobs.core.conf import backlot_settings
+from jobs.core.conf import AMQP_SCHEMES, REDIS_SCHEMES, backlot_settings
 
 # Celery's lowercase name -> the Django setting a host writes (the CELERY namespace).
 CHECKED = {
@@ -46,7 +46,6 @@ NEVER_ALLOWED = frozenset(
         "CELERY_TASK_ROUTES",
     }
 )
-REDIS_SCHEMES = ("redis", "rediss", "sentinel")
 LEDGER_BACKEND = "jobs.worker.results:LedgerResultBackend"
 
 
@@ -197,17 +196,35 @@ def _broker_conflicts(setting: str, value: Any, allow: str) -> Iterable[Conflict
     url = str(value or "")
     first = url.split(";", 1)[0]
     scheme = urlsplit(first).scheme
+    conf = backlot_settings()
+    if scheme in AMQP_SCHEMES:
+        if url != conf.BROKER_URL:
+            yield Conflict(
+                setting,
+                f"{setting} names another RabbitMQ than BACKLOT['BROKER_URL']: Backlot declares "
+                "its quorum queues and reads their depths on BACKLOT['BROKER_URL'].",
+                f"Delete one of them, or give both the same URL. {allow}",
+            )
+        return
     if scheme not in REDIS_SCHEMES:
         # Only the scheme is shown: a broker URL may hold a password.
         yield Conflict(
             setting,
-            f"{setting} is a URL of scheme {scheme!r}: Backlot's broker is Redis (its "
-            "queues, priority lists, atomic fetch, delivery holders and relay read them there).",
+            f"{setting} is a URL of scheme {scheme!r}: Backlot's broker is Redis or RabbitMQ "
+            "(its queues, the claim of each delivery and the relay read them there).",
             f"Delete {setting}: the broker is then BACKLOT['REDIS_URL'] (or REDIS_URL); "
-            f"set that to your Redis, e.g. redis://HOST:6379/0. {allow}",
+            "set that to your Redis, e.g. redis://HOST:6379/0, or set BACKLOT['BROKER_URL'] "
+            f"to an amqp:// URL. {allow}",
         )
         return
-    conf = backlot_settings()
+    if conf.BROKER_URL:
+        yield Conflict(
+            setting,
+            f"{setting} is a Redis URL but BACKLOT['BROKER_URL'] names RabbitMQ: the workers "
+            "would consume one broker while Backlot publishes to the other.",
+            f"Delete {setting} (the broker is then BACKLOT['BROKER_URL']). {allow}",
+        )
+        return
     if (
         scheme != "sentinel"
         and not conf.REDIS_SENTINELS

@@ -21,7 +21,7 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from jobs import ledger
-from jobs.broker import slots
+from jobs.broker import broker, slots
 from jobs.core import context, events, tracing
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable, JobCancelled, LeaseLost
@@ -264,7 +264,9 @@ def _schedule_retry(
         options = requested.options
     due: datetime | None = timezone.now() + timedelta(seconds=delay)
     # A long wait stays in the ledger; the relay publishes it when due.
-    held_by_broker = delay <= backlot_settings().MAX_BROKER_COUNTDOWN
+    held_by_broker = broker.takes_countdown(delay)
+    # the row reads published (the relay sends no copy) where the relay can see a lost message
+    marked = held_by_broker and broker.lists_held_messages()
     if task.track:
         due = ledger.retry_later(
             job_id=job_id,
@@ -276,7 +278,7 @@ def _schedule_retry(
             lease_owner=outcomes.lease_owner(task),
             args=None if requested is None else list(args),
             kwargs=None if requested is None else dict(kwargs),
-            publishing=held_by_broker,  # the row reads published: the relay sends no copy
+            publishing=marked,
             worker=outcomes.worker_name(task),
         )
         if due is None:
@@ -285,7 +287,7 @@ def _schedule_retry(
         if not held_by_broker:
             return True
     options = {**options, "retries": attempt}
-    if resend(task, args, kwargs, due, options, mark_published=False):
+    if resend(task, args, kwargs, due, options, mark_published=task.track and not marked):
         return True
     if not task.track:
         raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")

@@ -11,8 +11,7 @@ import logging
 from django.utils import timezone
 
 from jobs import ledger
-from jobs.broker import counters
-from jobs.core.conf import backlot_settings
+from jobs.broker import broker, counters
 from jobs.worker import outcomes
 from jobs.worker.lease import refused
 from jobs.worker.redelivery import Runnable, resend
@@ -28,7 +27,8 @@ def parked(
     counters.flush()  # the run's step counts (jobs.worker.telemetry): a park sends no outcome
     job_id = outcomes.job_id_of(task)
     delay = (sleep.wake_at - timezone.now()).total_seconds()
-    held_by_broker = delay <= backlot_settings().MAX_BROKER_COUNTDOWN
+    held_by_broker = broker.takes_countdown(delay)
+    marked = held_by_broker and broker.lists_held_messages()  # as a retry's (jobs.worker.execution)
     wake_at = ledger.sleep(
         job_id=job_id,
         name=sleep.name,
@@ -37,7 +37,7 @@ def parked(
         attempt=attempt,
         lease_owner=outcomes.lease_owner(task),
         run_seconds=run_seconds,
-        publishing=held_by_broker,
+        publishing=marked,
         kind=sleep.kind,
         event=sleep.event,
     )
@@ -50,5 +50,5 @@ def parked(
         return
     # The resumed run reads the same retry number: a sleep is not a failed attempt.
     options = {"retries": task.request.retries or 0}
-    if not resend(task, args, kwargs, wake_at, options, mark_published=not held_by_broker):
+    if not resend(task, args, kwargs, wake_at, options, mark_published=not marked):
         ledger.unpublish(job_id)  # the broker is away: the relay publishes it when due

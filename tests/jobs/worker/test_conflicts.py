@@ -33,7 +33,7 @@ def test_the_reference_settings_have_no_conflict():
 @pytest.mark.parametrize(
     ("setting", "value", "says"),
     [
-        ("CELERY_BROKER_URL", "amqp://guest:secret@rabbit:5672//", "scheme 'amqp'"),
+        ("CELERY_BROKER_URL", "sqs://key:secret@", "scheme 'sqs'"),
         ("CELERY_BROKER_URL", "redis://elsewhere.invalid:6379/4", "another Redis"),
         ("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/1", "waits forever"),
         ("CELERY_RESULT_BACKEND", "django-db", "waits forever"),
