@@ -93,15 +93,18 @@ def readme_blocks() -> list[tuple[str, str]]:
     return re.findall(r"^```(\w+)\n(.*?)^```", section, re.S | re.M)
 
 
-def python_files() -> list[tuple[str, str, bool]]:
-    """(path, code, append) for each Python block: its first line `# path` or `# path: append`."""
+def python_files(broker: str = "redis") -> list[tuple[str, str, bool]]:
+    """(path, code, append) for each Python block: its first line `# path` or `# path: append`;
+    a block marked `, on RabbitMQ` only where the broker is "amqp"."""
     out = []
     for language, code in readme_blocks():
         if language != "python":
             continue
         first = code.splitlines()[0]
-        match = re.fullmatch(r"# (\S+\.py)(: append)?", first)
+        match = re.fullmatch(r"# (\S+\.py)(: append)?(, on RabbitMQ)?", first)
         assert match, f"a README block's first line must name its file: {first!r}"
+        if match[3] and broker != "amqp":
+            continue
         out.append((match[1], code, bool(match[2])))
     return out
 
@@ -363,7 +366,48 @@ def recreate_database(db: dict[str, Any], *, drop_only: bool = False) -> None:
 
 
 @pytest.fixture(scope="module")
-def host(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Host]:
+def rabbitmq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private RabbitMQ node (scripts/services.sh), for the host's broker on AMQP."""
+    datadir = tmp_path_factory.mktemp("host-rabbitmq")
+    services = str(ROOT / "scripts" / "services.sh")
+    url = f"amqp://guest:guest@127.0.0.1:{free_amqp_port()}//"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RABBITMQ")}
+    subprocess.run(["bash", services, "rabbitmq-up", url, str(datadir)], env=env, check=True)
+    try:
+        yield url
+    finally:
+        subprocess.run(["bash", services, "rabbitmq-down", str(datadir)], env=env, check=False)
+
+
+def free_amqp_port() -> int:
+    """A free port whose epmd (port - 1300) and distribution (port + 20000) ports are free too
+    (scripts/services.sh derives them), in the range it takes."""
+    for _ in range(50):
+        port = 7000 + int.from_bytes(os.urandom(2), "big") % 5000
+        try:
+            for candidate in (port, port - 1300, port + 20000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no free port for a RabbitMQ node")
+
+
+@pytest.fixture(scope="module", params=["redis", "amqp"])
+def broker(request: pytest.FixtureRequest) -> str:
+    """The host's broker: its Redis (the README's default), or RabbitMQ (its AMQP block)."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def host(
+    workdir: Path,
+    venv: Path,
+    clean_env: dict[str, str],
+    broker: str,
+    request: pytest.FixtureRequest,
+) -> Iterator[Host]:
     import redis
 
     bin_dir = venv / "bin"
@@ -373,7 +417,7 @@ def host(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Host]
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-    site = workdir / "site"
+    site = workdir / f"site-{broker}"
     site.mkdir()
     run([str(bin_dir / "django-admin"), "startproject", "host", str(site)], cwd=workdir, env=env)
     box = Host(site=site, env=env, python=str(bin_dir / "python"), bin=bin_dir)
@@ -392,7 +436,7 @@ def host(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Host]
     assert found.startswith("[] ") and str(venv) in found, found
 
     # The README's lines, as written.
-    for path, code, append in python_files():
+    for path, code, append in python_files(broker):
         target = site / path
         if append:
             target.write_text(target.read_text() + "\n" + code)
@@ -415,6 +459,11 @@ def host(workdir: Path, venv: Path, clean_env: dict[str, str]) -> Iterator[Host]
         + 'INSTALLED_APPS += ["hostapp"]\n'
         + f"DATABASES = {{'default': {db!r}}}\n"
         + f'BACKLOT = {{**BACKLOT, "REDIS_URL": {redis_url!r}}}\n'
+        + (
+            f'BACKLOT["BROKER_URL"] = {request.getfixturevalue("rabbitmq")!r}\n'
+            if broker == "amqp"
+            else ""
+        )
     )
     recreate_database(db)
     redis.Redis.from_url(redis_url).flushdb()
@@ -451,7 +500,7 @@ def job_state(session: requests.Session, base: str, job_id: str, state: str) -> 
 
 
 def test_readme_setup_runs_a_job_a_dead_letter_and_its_replay_in_a_fresh_project(
-    host: Host,
+    host: Host, broker: str
 ) -> None:
     lines = shell_lines()
     assert lines[0] == "pip install backlot", lines  # done above, from the wheel just built
@@ -500,6 +549,8 @@ def test_readme_setup_runs_a_job_a_dead_letter_and_its_replay_in_a_fresh_project
         what=f"the host's worker\n{host.logs()}",
     )
     session = login(base)
+    scheme = {"redis": "redis://", "amqp": "amqp://"}[broker]
+    assert f"Connected to {scheme}" in worker_log.read_text(errors="replace"), host.logs()
 
     # given: one job that succeeds and one that gives up
     handles = json.loads(host.manage("enqueue_demo").strip().splitlines()[-1])
