@@ -410,9 +410,14 @@ def _message_id(message: Any) -> str | None:
 
 def idle_queues(queues: Sequence[str]) -> list[str]:
     """The queues that hold no message in Redis, when nothing is unacknowledged either; []
-    when Redis cannot tell, and always on RabbitMQ (its unacknowledged count is not read)."""
+    when Redis cannot tell. On RabbitMQ: the queues with no message ready. A message may then
+    still be in a worker's hands (prefetched behind a long job), so a job re-sent because its
+    queue looked idle can have a second copy: the later of the two is dropped at claim."""
     if amqp.enabled():
-        return []
+        try:
+            return [queue for queue, depth in queue_depths(queues).items() if not depth]
+        except BROKER_ERRORS:
+            return []
     try:
         if unacknowledged():
             return []
