@@ -1,9 +1,11 @@
 """The benchmark runner: python -m benchmarks [--cases a,b] [--full].
 
-Needs REDIS_URL and DATABASE_URL (PostgreSQL) of services it may wipe: `make bench` starts
-its own (Redis :6392, PostgreSQL :54332) and refuses the shared or test ones. It migrates
-PostgreSQL and a temporary SQLite file, empties the benchmark tables and Redis, runs each
-case in its own process, prints the table and writes benchmarks/results/latest.json.
+Needs REDIS_URL and DATABASE_URL (PostgreSQL) of services it may wipe, and for the cases that
+compare the brokers (AMQP_CASES) BENCH_AMQP_URL, a RabbitMQ whose queues it may purge: `make
+bench` starts its own (Redis :6392, PostgreSQL :54332, RabbitMQ :5692) and the runner refuses
+the shared or test ones. It migrates PostgreSQL and a temporary SQLite file, empties the
+benchmark tables and Redis, runs each case in its own process, prints the table and writes
+benchmarks/results/latest.json.
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from benchmarks.cases import CASES, EXTRA
+from benchmarks.cases import AMQP_CASES, CASES, EXTRA
 from benchmarks.contention import Contention
 from benchmarks.harness import LOG_DIR
 from benchmarks.report import render_case, render_targets
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-# Ports of services this suite must never wipe: the shared ones, `make run`'s and `make test`'s.
-PROTECTED_PORTS = {6379, 6390, 6399, 5432, 54329, 54399}
+# Ports of services this suite must never wipe: the shared ones, `make run`'s and `make test`'s
+# (RabbitMQ: its default port and make test's).
+PROTECTED_PORTS = {6379, 6390, 6399, 5432, 54329, 54399, 5672, 5682}
 BUDGET_SECONDS = 15 * 60
 
 
@@ -56,15 +59,26 @@ def main() -> int:
         help="multiply every count (e.g. 0.1 for a smoke run; figures are then noisy)",
     )
     parser.add_argument("--out", default=str(RESULTS / "latest.json"))
+    parser.add_argument(
+        "--needs-amqp",
+        action="store_true",
+        help="run nothing; exit 0 when a chosen case needs RabbitMQ (scripts/bench.sh asks)",
+    )
     opts = parser.parse_args()
     names = [n.strip() for n in opts.cases.split(",") if n.strip()]
     unknown = [n for n in names if n not in CASES and n not in EXTRA]
     if unknown:
         parser.error(f"unknown case(s): {', '.join(unknown)}")
+    uses_amqp = any(n in AMQP_CASES for n in names)
+    if opts.needs_amqp:
+        return 0 if uses_amqp else 1
 
     redis_url, pg_url = os.environ.get("REDIS_URL", ""), os.environ.get("DATABASE_URL", "")
     check_disposable(redis_url, "REDIS_URL", ("redis",))
     check_disposable(pg_url, "DATABASE_URL", ("postgres", "postgresql"))
+    amqp_url = os.environ.get("BENCH_AMQP_URL", "")
+    if uses_amqp:
+        check_disposable(amqp_url, "BENCH_AMQP_URL", ("amqp",))
 
     began = time.monotonic()
     for old in LOG_DIR.glob("*.log"):  # worker and gunicorn logs of the previous run
@@ -82,7 +96,11 @@ def main() -> int:
     meta = machine_meta()
     results: dict[str, Any] = {}
     failed = []
-    contention = Contention(urlparse(pg_url).port, urlparse(redis_url).port)
+    contention = Contention(
+        urlparse(pg_url).port,
+        urlparse(redis_url).port,
+        urlparse(amqp_url).port if uses_amqp else None,
+    )
     try:
         for name in names:
             _, db, timeout = {**CASES, **EXTRA}[name]
@@ -124,7 +142,8 @@ def main() -> int:
 
 
 def check_disposable(url: str, var: str, schemes: tuple[str, ...]) -> None:
-    """The suite flushes Redis and truncates tables: only ever on loopback services of its own."""
+    """The suite flushes Redis, truncates tables and purges RabbitMQ queues: only ever on
+    loopback services of its own."""
     parsed = urlparse(url)
     if parsed.scheme not in schemes:
         sys.exit(f"{var} must be a {schemes[0]}:// URL of the benchmark service (use `make bench`)")
@@ -141,6 +160,9 @@ def child_env(database_url: str) -> dict[str, str]:
     return {
         **os.environ,
         "DATABASE_URL": database_url,
+        # Cases run on the benchmark Redis whatever the shell exported; the amqp case hands
+        # BENCH_AMQP_URL to the processes it starts on RabbitMQ.
+        "BROKER_URL": "",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": str(ROOT),

@@ -2,7 +2,7 @@
 
 The machine's busy time (/proc/stat) minus the CPU of our own processes: this runner and
 every process it waited for (cases, workers, gunicorn, via cutime/cstime), and the benchmark
-PostgreSQL and Redis servers (found by their ports). Whatever is left ran beside the case
+PostgreSQL, Redis and RabbitMQ servers (found by their ports). Whatever is left ran beside the case
 and slowed it; a figure measured under a large foreign share is not worth much.
 """
 
@@ -45,30 +45,48 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-class Contention:
-    def __init__(self, pg_port: int | None, redis_port: int | None) -> None:
-        self.pg_port, self.redis_port = pg_port, redis_port
-        self.mark = self._snapshot()
-
-    def _servers(self, procs: dict[int, tuple[int, list[str]]]) -> list[int]:
-        roots = []
-        for pid in procs:
-            line = _cmdline(pid)
-            if (
-                self.pg_port
+def server_pids(
+    *, pg_port: int | None = None, redis_port: int | None = None, amqp_port: int | None = None
+) -> list[int]:
+    """PIDs of the benchmark's servers listening on these ports: PostgreSQL's postmaster,
+    redis-server, and the RabbitMQ node scripts/services.sh starts (its beam.smp is told its
+    own epmd, on the AMQP port - 1300)."""
+    roots = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        line = _cmdline(int(entry.name))
+        if (
+            (
+                pg_port
                 and line.startswith(b"/")
                 and b"postgres" in line
-                and f"-p {self.pg_port}".encode() in line
-            ) or (
-                self.redis_port
+                and f"-p {pg_port}".encode() in line
+            )
+            or (
+                redis_port
                 and line.startswith(b"redis-server")
-                and f":{self.redis_port}".encode() in line
-            ):
-                roots.append(pid)
-        return roots
+                and f":{redis_port}".encode() in line
+            )
+            or (
+                amqp_port
+                and b"beam.smp" in line
+                and f"-epmd_port {amqp_port - 1300} ".encode() in line
+            )
+        ):
+            roots.append(int(entry.name))
+    return roots
+
+
+class Contention:
+    def __init__(
+        self, pg_port: int | None, redis_port: int | None, amqp_port: int | None = None
+    ) -> None:
+        self.ports = {"pg_port": pg_port, "redis_port": redis_port, "amqp_port": amqp_port}
+        self.mark = self._snapshot()
 
     def _ours(self, procs: dict[int, tuple[int, list[str]]]) -> int:
-        roots = [os.getpid(), *self._servers(procs)]
+        roots = [os.getpid(), *(p for p in server_pids(**self.ports) if p in procs)]
         children: dict[int, list[int]] = {}
         for pid, (ppid, _) in procs.items():
             children.setdefault(ppid, []).append(pid)

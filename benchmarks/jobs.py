@@ -99,3 +99,22 @@ def progress_loop(self: Any, key: str, steps: int, report: bool, work_us: float 
         if report:
             self.progress(step, steps)
     stamp(key, repr(clock() - started))
+
+
+# --- the brokers compared (case amqp): a no-op that counts itself done ----------------------
+
+# Redis counters the counting jobs INCR; a drain on RabbitMQ cannot be timed by the broker
+# alone (a passive declare gives the ready messages, not the unacknowledged ones).
+COUNTS = "bench:counts:"
+
+
+@shared_task(name="bench.bare_count", ignore_result=True)
+def bare_count(key: str, *args: Any) -> None:
+    """Bare Celery, no result backend: one Redis INCR."""
+    bench_redis().incr(COUNTS + key)
+
+
+@job(name="bench.count")
+def tracked_count(key: str, *args: Any) -> None:
+    """Backlot with the ledger: the same INCR."""
+    bench_redis().incr(COUNTS + key)

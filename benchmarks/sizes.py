@@ -34,6 +34,10 @@ SIZES = {
     "layout": Size(issue=20_000, bench=5_000, repeats=3),
     # jobs enqueued one by one per variant and round
     "enqueue": Size(issue=5_000, bench=1_000, repeats=3),
+    # the brokers compared (case amqp, not in the default run): jobs enqueued one by one per
+    # variant and round, and jobs per drain (bare and ledger-on, on Redis and on RabbitMQ)
+    "amqp_enqueue": Size(issue=5_000, bench=1_000, repeats=3),
+    "amqp_drain": Size(issue=20_000, bench=3_000, repeats=3),
     # fan-out recipients per round (Celery's group is sized separately: it is 10x slower)
     "bulk": Size(issue=100_000, bench=20_000, repeats=3),
     "bulk_group": Size(issue=20_000, bench=4_000, repeats=3),

@@ -29,7 +29,14 @@ CASES: dict[str, tuple[str, str, int]] = {
     "relay_sweep": ("benchmarks.cases.relay_sweep:run", "pg", 600),
 }
 
-# Run on request only (python -m benchmarks --cases profile): py-spy on a ledger drain.
+# Run on request only (python -m benchmarks --cases NAME).
 EXTRA: dict[str, tuple[str, str, int]] = {
+    # py-spy on a ledger drain
     "profile": ("benchmarks.cases.profile:run", "pg", 600),
+    # issue 28 item 5: bare Celery and Backlot on RabbitMQ beside the same on Redis, enqueue and
+    # drain (about 3 min, estimated from 0.2-scale runs: the default run would pass 15 minutes)
+    "amqp": ("benchmarks.cases.amqp:run", "pg", 480),
 }
+
+# Cases that need BENCH_AMQP_URL, a RabbitMQ of the suite's own (scripts/bench.sh starts one).
+AMQP_CASES = frozenset({"amqp"})
