@@ -1,0 +1,183 @@
+"""The test's hands on the RabbitMQ site: `python -m tests.amqp.driver`, a process whose
+BROKER_URL is the suite's RabbitMQ vhost, DATABASE_URL its PostgreSQL database and REDIS_URL its
+private Redis (the pytest process itself is bound to the test database and the shared Redis).
+
+Reads one JSON command per line on stdin, answers one JSON line on stdout:
+{"cmd": "enqueue", "task": "tests.add", "args": [...], "kwargs": {...}, "options": {...}}.
+
+`python -m tests.amqp.driver relay` is the site's relay instead: `manage.py jobs relay` itself,
+in a process that knows the test jobs as a project's relay knows the project's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import django
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402 (after django.setup())
+from django.db import connection, transaction  # noqa: E402 (after django.setup())
+
+import jobs  # noqa: E402 (after django.setup())
+from jobs import cancel, dead_letter_replay, enqueue_many  # noqa: E402
+from jobs.core.conf import backlot_settings  # noqa: E402
+from jobs.flow.relay import job_relay  # noqa: E402
+from jobs.models import Batch, DeadLetter, Job  # noqa: E402
+from jobs.worker.registry import task_by_name  # noqa: E402
+from tests.amqp import jobs as amqp_jobs  # noqa: E402 (registers the suite's jobs)
+from tests.support import tasks as _tasks  # noqa: E402 (registers the test jobs)
+
+
+def _row(job: Job) -> dict[str, Any]:
+    return {
+        "id": str(job.id),
+        "task": job.task_name,
+        "state": job.state,
+        "attempts": job.attempts,
+        "deliveries": job.deliveries,
+        "crashes": job.crashes,
+        "error": job.error,
+        "published": job.published_at is not None,
+        "replay_of": job.replay_of_id,
+        "result": job.result,
+    }
+
+
+def enqueue(task: str, args: list, kwargs: dict, options: dict) -> dict[str, Any]:
+    handle = task_by_name(task).using(**options).enqueue(*args, **kwargs)
+    return {"id": handle.id}
+
+
+def enqueue_many_(task: str, calls: list) -> dict[str, Any]:
+    with transaction.atomic():
+        ids = enqueue_many(task_by_name(task), [(a, k) for a, k in calls])
+    return {"ids": ids}
+
+
+def jobs_(ids: list[str]) -> dict[str, Any]:
+    rows = {str(j.id): _row(j) for j in Job.objects.filter(id__in=ids)}
+    return {"jobs": [rows.get(i) for i in ids]}
+
+
+def dead_letters(ids: list[str]) -> dict[str, Any]:
+    return {
+        "dead_letters": [
+            {
+                "id": d.pk,
+                "job_id": str(d.job_id_value),
+                "exception": d.exception_class,
+                "message": d.exception_message,
+            }
+            for d in DeadLetter.objects.filter(job_id_value__in=ids)
+        ]
+    }
+
+
+def replay(dead_letter_id: int) -> dict[str, Any]:
+    handle = dead_letter_replay(dead_letter=DeadLetter.objects.get(pk=dead_letter_id))
+    return {"id": handle.id}
+
+
+def cancel_(job_id: str) -> dict[str, Any]:
+    done = cancel(job_id)
+    return {"state": done.state, "cancelled": done.cancelled, "requested": done.requested}
+
+
+def relay() -> dict[str, Any]:
+    return {"sent": job_relay()}
+
+
+def command(args: list[str]) -> dict[str, Any]:
+    """`manage.py jobs ARGS...`, the operator's command (pause, resume, status...); its output."""
+    out = io.StringIO()
+    call_command("jobs", *args, stdout=out, stderr=out)
+    return {"output": out.getvalue()}
+
+
+def batch(key: str, members: int) -> dict[str, Any]:
+    """A batch of `members` tests.batch_member jobs (in bulk), with on_success and on_complete
+    callbacks (tests.amqp.after_members); its id and its members' ids."""
+    with jobs.batch(
+        description=f"amqp {key}",
+        on_success=amqp_jobs.after_members.s(key, "success"),
+        on_complete=amqp_jobs.after_members.s(key, "complete"),
+    ) as opened:
+        ids = enqueue_many(_tasks.batch_member, [([key, n], {}) for n in range(members)])
+    return {"id": str(opened.id), "members": ids}
+
+
+def batch_state(batch_id: str) -> dict[str, Any]:
+    row = Batch.objects.get(id=batch_id)
+    return {
+        "state": row.state,
+        "total": row.total,
+        "pending": row.pending,
+        "succeeded": row.succeeded,
+        "dead": row.dead,
+    }
+
+
+def effects(key: str) -> dict[str, Any]:
+    """label -> how many times a tests.amqp.work job of `key` applied its effect."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT label, count(*) FROM {amqp_jobs.EFFECTS_TABLE} WHERE key = %s GROUP BY label",
+            [key],
+        )
+        return {"effects": dict(cursor.fetchall())}
+
+
+def settings() -> dict[str, Any]:
+    """What Backlot resolved its broker settings to in this process."""
+    conf = backlot_settings()
+    return {
+        "broker": conf.BROKER_URL,
+        "queue_type": conf.AMQP_QUEUE_TYPE,
+        "delivery_limit": conf.AMQP_DELIVERY_LIMIT,
+        "queues": list(conf.QUEUES),
+        "vendor": connection.vendor,
+    }
+
+
+COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
+    "enqueue": enqueue,
+    "enqueue_many": enqueue_many_,
+    "jobs": jobs_,
+    "dead_letters": dead_letters,
+    "replay": replay,
+    "cancel": cancel_,
+    "relay": relay,
+    "command": command,
+    "batch": batch,
+    "batch_state": batch_state,
+    "effects": effects,
+    "settings": settings,
+}
+
+
+def main() -> None:
+    for line in sys.stdin:
+        request = json.loads(line)
+        handler = COMMANDS[request.pop("cmd")]
+        try:
+            answer: dict[str, Any] = {"ok": handler(**request)}
+        except Exception as exc:  # noqa: BLE001 - the test reads the failure
+            answer = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+        finally:
+            connection.close()  # no connection (or read snapshot) held between commands
+        sys.stdout.write(json.dumps(answer, default=str) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["relay"]:
+        call_command("jobs", "relay", *sys.argv[2:])
+    else:
+        main()
