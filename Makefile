@@ -11,7 +11,7 @@ export PYTEST_ARGS
 help:
 	@echo "make run      start Redis, migrate, then web :8000, a worker per queue, beat, relay and flower :5555 (Ctrl-C stops all)"
 	@echo "make test     make lint, then test Redis :6390, PostgreSQL :54329 and RabbitMQ :5682 and pytest (PYTEST_ARGS=...; as root also tests/scale), stop them"
-	@echo "make test-scale  (root) tests/scale: two worker hosts in network namespaces (5,000 jobs, 600 rate-limited), and a Redis Sentinel failover under load (FAILOVER_JOBS=240; PYTEST_ARGS=...)"
+	@echo "make test-scale  (root) tests/scale: two worker hosts in network namespaces (5,000 jobs, 600 rate-limited), a Redis Sentinel failover under load (FAILOVER_JOBS=240), a RabbitMQ node killed under load (RABBITMQ_FAILOVER_JOBS=300; PYTEST_ARGS=...)"
 	@echo "make test-celery-compat  Celery's own integration suite on @job and, as the control, on shared_task; own Redis :16390 and up and PostgreSQL :29334 (COMPAT_ARGS=...; docs/celery-compat.md)"
 	@echo "make test-celery-compat-job  its @job half only, compared with the committed control (tests/celery_compat/control-<version>.json); .ci/run runs it after make test"
 	@echo "make bench    start bench Redis :6392 and PostgreSQL :54332, run the benchmark suite (BENCH_ARGS=...), stop them"

@@ -16,6 +16,8 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || missing+=(postgresql)
+# tests/scale/test_rabbitmq_failover.py: three RabbitMQ nodes (epmd comes with erlang-base).
+[[ -x ${RABBITMQ_SBIN:-/usr/lib/rabbitmq/bin}/rabbitmq-server ]] || missing+=(rabbitmq-server)
 if [[ ${#missing[@]} -gt 0 ]]; then apt_install "${missing[@]}"; fi
 ip netns list >/dev/null || die "\`ip netns\` does not work on this machine"
 

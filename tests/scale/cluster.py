@@ -34,7 +34,8 @@ HOST_ADDRESSES = {"h1": f"{SUBNET}.11", "h2": f"{SUBNET}.12"}
 # The failover test's Redis hosts (tests/scale/test_failover.py): the primary and its replica.
 REDIS_HOST_ADDRESSES = {"pri": f"{SUBNET}.2", "rep": f"{SUBNET}.3"}
 SENTINEL_PORTS = (26379, 26380, 26381)
-NAME_RE = re.compile(r"^bl-(svc|h1|h2|pri|rep)-(\d+)$")
+# r1-r3: the RabbitMQ nodes of tests/scale/test_rabbitmq_failover.py (tests/scale/rabbitmq.py).
+NAME_RE = re.compile(r"^bl-(svc|h1|h2|pri|rep|r1|r2|r3)-(\d+)$")
 
 
 class ClusterError(AssertionError):
