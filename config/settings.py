@@ -215,9 +215,10 @@ REDIS_SENTINEL_PASSWORD = os.environ.get("REDIS_SENTINEL_PASSWORD", "")
 # BROKER_URL=amqp://USER:PASSWORD@HOST:5672/VHOST: RabbitMQ is the broker (quorum queues,
 # publisher confirms; docs/scaling.md); Redis (REDIS_URL) still keeps the platform's limits,
 # counters and locks. Unset: the broker is REDIS_URL.
-BROKER_URL = os.environ.get("BROKER_URL", "")
-if BROKER_URL:
-    CELERY_BROKER_URL = BROKER_URL
+# (Read into CELERY_BROKER_URL only: a setting named BROKER_URL is Celery's old name for
+# broker_url, and an empty one would count as the project's choice of broker.)
+if os.environ.get("BROKER_URL"):
+    CELERY_BROKER_URL = os.environ["BROKER_URL"]
 elif not REDIS_SENTINELS:
     # With Sentinels, jobs.worker.celery gives the broker kombu's sentinel:// URL and master_name.
     CELERY_BROKER_URL = REDIS_URL

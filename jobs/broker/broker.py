@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import redis
+from amqp.exceptions import AMQPError, MessageNacked
 from celery import current_app
 from kombu.exceptions import KombuError
 from kombu.utils.json import loads
@@ -29,8 +30,10 @@ logger = logging.getLogger(__name__)
 
 # Messages per pipelined flush (and rows per statement in the ledger's bulk writes).
 BULK_BATCH = 1000
-# What a failed publish raises: the broker is down, frozen or refused the connection.
-BROKER_ERRORS = (KombuError, RedisError, OSError)
+# What a failed publish raises: the broker is down, frozen or refused the connection, or
+# RabbitMQ nacked the publish or closed the channel (py-amqp's errors are not KombuErrors;
+# a quorum queue nacks while it elects a new leader).
+BROKER_ERRORS = (KombuError, RedisError, OSError, AMQPError, MessageNacked)
 
 # Headers Celery writes even when empty; the worker reads each with a default (Context's class
 # attributes), so an absent header means the same as its empty value.
@@ -149,7 +152,7 @@ def publish(
             **options,
         )
     except BROKER_ERRORS as exc:
-        logger.warning("Broker unavailable, job %s stays in the outbox: %s", job_id, exc)
+        logger.warning("Broker unavailable, job %s stays in the outbox: %r", job_id, exc)
         return False
     return True
 
@@ -215,7 +218,7 @@ def publish_many(
                     on_chunk([job_id for job_id, _, _ in chunk])
     except BROKER_ERRORS as exc:
         logger.warning(
-            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
+            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %r",
             sent,
             len(jobs),
             exc,
@@ -292,7 +295,7 @@ def _publish_many_short(
                 on_chunk([job_id for job_id, _, _ in chunk])
     except BROKER_ERRORS as exc:
         logger.warning(
-            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %s",
+            "Broker unavailable after %s of %s jobs; the rest stay in the outbox: %r",
             sent,
             len(jobs),
             exc,

@@ -112,3 +112,18 @@ def test_a_redis_celery_broker_beside_a_rabbitmq_backlot_broker_is_a_conflict(se
 
     assert [(p.id, p.obj) for p in found] == [("jobs.E010", "CELERY_BROKER_URL")]
     assert "names RabbitMQ" in found[0].msg
+
+
+def test_the_reference_settings_name_no_old_style_celery_broker_setting(settings):
+    # BROKER_URL in Django's settings is Celery's old name for broker_url: even empty it would
+    # count as the project's choice (jobs.worker.celery._set_by_project), and with Redis
+    # Sentinels (no CELERY_BROKER_URL) Celery would fall back to amqp://localhost.
+    assert not hasattr(settings, "BROKER_URL")
+    assert settings.CELERY_BROKER_URL == settings.REDIS_URL
+
+
+def test_a_nacked_or_refused_publish_is_a_broker_error_that_leaves_the_row_in_the_outbox():
+    from amqp.exceptions import ConnectionForced, MessageNacked
+
+    assert issubclass(MessageNacked, broker.BROKER_ERRORS)  # a quorum queue electing a leader
+    assert issubclass(ConnectionForced, broker.BROKER_ERRORS)  # the node shut down
