@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.amqp.conftest import RabbitMQ, Site
+from tests.amqp.rabbitmq import RabbitMQ
+from tests.amqp.site import Site
 
 FINISHED = {"succeeded", "dead", "cancelled"}
 

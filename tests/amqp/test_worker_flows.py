@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections import Counter
 
 from jobs.testing import wait_until
-from tests.amqp.conftest import CONCURRENCY, DELIVERY_LIMIT, WORKERS, Site, port_free
+from tests.amqp.rabbitmq import port_free
+from tests.amqp.site import CONCURRENCY, DELIVERY_LIMIT, WORKERS, Site
 
 FINISHED = {"succeeded", "dead", "cancelled"}
 BACKLOT_QUEUES = ("default", "emails", "reports", "media")
@@ -99,6 +100,20 @@ def test_a_retry_then_success_and_a_dead_letter_replayed(site: Site, unique):
     (again,) = site.driver.wait_states([replayed], FINISHED, timeout=60)
     assert again["state"] == "dead" and again["replay_of"] == letter["id"]
     assert len(site.marks(f"{unique}-r")) == 2
+
+
+def test_jobs_that_fail_at_once_in_a_bulk_enqueue_are_each_retried_when_due(site: Site, unique):
+    # given: 200 jobs accepted at once, each failing its first run (retried 1 s later): the
+    # first ones run, and fail, while the rest of the bulk publish is still under way
+    keys = [f"{unique}-{n}" for n in range(200)]
+    ids = site.driver.enqueue_many("tests.flaky", [([key, 1], {}) for key in keys])
+
+    # then every one is retried once, when due, and succeeds. (The bound is ten times what
+    # 400 runs and a 1 s backoff take here, and below the relay's RELAY_LOST_AFTER (30 s),
+    # past which its idle-queue reconcile re-sends a retry whose message was never sent: a
+    # retry must not wait for that, which on a busy queue never comes.)
+    rows = site.driver.wait_states(ids, FINISHED, timeout=20, what="200 jobs retried when due")
+    assert {(r["state"], r["attempts"]) for r in rows} == {("succeeded", 2)}
 
 
 def test_the_relay_publishes_what_an_enqueue_could_not_send(site: Site, unique):
@@ -274,3 +289,14 @@ def test_a_message_rabbitmq_gives_up_on_becomes_a_dead_letter(site: Site, unique
     assert letter["exception"] == "billiard.exceptions.WorkerLostError"
     assert "x-delivery-limit" in letter["message"]
     wait_until(lambda: ready(site, UNDELIVERABLE) == 0, timeout=10, what="the drain's ack")
+
+
+def test_the_dead_letter_says_how_many_times_rabbitmq_delivered_the_message(site: Site, unique):
+    job_id = site.driver.enqueue("tests.crashes", unique, 100)
+
+    site.driver.wait_states([job_id], FINISHED, timeout=60, what="the poison job")
+
+    (letter,) = site.driver("dead_letters", ids=[job_id])["dead_letters"]
+    delivered = len(site.marks(unique))  # each delivery ran it once, and it died
+    assert delivered == DELIVERY_LIMIT + 1
+    assert f"delivered this job's message {delivered} times" in letter["message"], letter
