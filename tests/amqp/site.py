@@ -117,15 +117,22 @@ class AMQPWorker(PlatformWorker):
         return bool(self.control.ping(destination=[self.name], timeout=0.5))
 
     def broker_ports(self, amqp_port: int) -> set[int]:
-        """The client ports of this worker's main process's connections to RabbitMQ."""
-        out = subprocess.run(
-            ["ss", "-tnpH", "state", "established", "dport", "=", f":{amqp_port}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-        mine = f"pid={self.process.pid},"
-        return {int(line.split()[2].rsplit(":", 1)[1]) for line in out.splitlines() if mine in line}
+        """The client ports of this worker's main process's TCP connections to RabbitMQ: its
+        sockets (/proc/PID/fd) found in the IPv4 TCP table (/proc/PID/net/tcp)."""
+        proc = Path(f"/proc/{self.process.pid}")
+        sockets = set()
+        for fd in proc.joinpath("fd").iterdir():
+            with contextlib.suppress(OSError):  # closed meanwhile
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    sockets.add(target[len("socket:[") : -1])
+        ports = set()
+        for line in proc.joinpath("net", "tcp").read_text().splitlines()[1:]:
+            fields = line.split()  # sl, local, remote, state, ..., inode (the tenth)
+            local, remote, inode = fields[1], fields[2], fields[9]
+            if inode in sockets and int(remote.rsplit(":", 1)[1], 16) == amqp_port:
+                ports.add(int(local.rsplit(":", 1)[1], 16))
+        return ports
 
     def kill(self) -> list[int]:
         """kill -9 of the worker's main process and its pool processes, by their PIDs (a lost
