@@ -272,7 +272,7 @@ BACKLOT: dict[str, Any] = {
     # A pool process dying this many times on one job sends it to the dead letters.
     "MAX_WORKER_CRASHES": int(os.environ.get("BACKLOT_MAX_WORKER_CRASHES", "3")),
     # With BROKER_URL=amqp://...: "quorum" (replicated) or "classic" (one node, priorities),
-    # and how many deliveries of one message RabbitMQ makes before the relay dead-letters it.
+    # and how many redeliveries of one message RabbitMQ makes before the relay dead-letters it.
     "AMQP_QUEUE_TYPE": os.environ.get("BACKLOT_AMQP_QUEUE_TYPE", "quorum"),
     "AMQP_DELIVERY_LIMIT": int(os.environ.get("BACKLOT_AMQP_DELIVERY_LIMIT", "20")),
     # A rate-limited job may reserve a slot this far ahead; beyond it, it backs off unreserved.

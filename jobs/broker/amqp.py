@@ -82,6 +82,13 @@ def undeliverable_queue() -> Queue:
     )
 
 
+def declare_undeliverable() -> None:
+    """Declare backlot.undeliverable before any message can be given up on: a quorum queue
+    that dead-letters to a queue not declared yet drops the message."""
+    with current_app.connection_for_write() as connection:
+        undeliverable_queue()(connection.default_channel).declare()
+
+
 def transport_options() -> dict[str, Any]:
     """kombu's py-amqp options: publisher confirms on every publish."""
     return {"confirm_publish": True}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -351,7 +352,7 @@ def _publish(task_name: str, released: list[Released], marked: Collection[str] =
     counts as a re-send unless it was parked at enqueue, before any message of it was sent.
     Their rows are marked published (a waiter's mark is as old as its park) but for those in
     `marked`, whose publisher marks them."""
-    sent, tracked = 0, []
+    sent, tracked = 0, defaultdict(list)  # marked per the runs each had when sent
     for item in released:
         message = json.loads(item.message)
         # A registered @job is a PlatformTask, which is Publishable (celery-types types the
@@ -385,7 +386,7 @@ def _publish(task_name: str, released: list[Released], marked: Collection[str] =
         if message.get("sent", True):
             count(RESENDS, message["task"] or task_name)
         if message.get("track", True) and item.job_id not in marked:
-            tracked.append(item.job_id)
-    if tracked:
-        ledger.mark_published(tracked)
+            tracked[int(message.get("retries", 0))].append(item.job_id)
+    for attempts, ids in tracked.items():
+        ledger.mark_published(ids, attempts=attempts)
     return sent

@@ -56,8 +56,9 @@ class BacklotSettings:
     # RabbitMQ queue type: "quorum" (replicated with Raft; RabbitMQ < 3.12 has no priorities
     # on them) or "classic" (one node, priorities 0-9 by x-max-priority).
     AMQP_QUEUE_TYPE: str = "quorum"
-    # A quorum queue drops (here: dead-letters to Backlot's parking queue) a message delivered
-    # this many times; above MAX_WORKER_CRASHES, so the ledger dead-letters a poison job first.
+    # A quorum queue gives up on a message redelivered this many times (delivered this many + 1)
+    # and dead-letters it to backlot.undeliverable, which the relay turns into a Backlot dead
+    # letter; above MAX_WORKER_CRASHES, so the ledger dead-letters a poison job first.
     AMQP_DELIVERY_LIMIT: int = 20
     # Redis Sentinel (jobs.broker.redis): the Sentinels ("host:port") and the name of the master
     # they

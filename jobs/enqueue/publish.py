@@ -57,7 +57,7 @@ def publish_job(
             trace_context=job.trace_context,
         )
     if sent and task.track and mark_published:
-        ledger.mark_published([job.id], now=now)
+        ledger.mark_published([job.id], now=now, attempts=job.attempts)
     return sent
 
 

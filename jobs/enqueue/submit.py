@@ -4,6 +4,7 @@ after commit (the row is the outbox: what the broker did not take, the relay sen
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -364,7 +365,7 @@ def enqueue_many(
 
     # rows inserted unpublished (RabbitMQ) are marked as the broker takes them
     unmarked = task.track and not broker.lists_held_messages()
-    mark_sent = ledger.mark_published if unmarked else None
+    mark_sent = functools.partial(ledger.mark_published, attempts=0) if unmarked else None
 
     def publish() -> None:
         todo = rows

@@ -334,8 +334,8 @@ def _dead_undeliverable(job_ids: list[str]) -> None:
     limit = backlot_settings().AMQP_DELIVERY_LIMIT
     for job in Job.objects.filter(id__in=job_ids, state__in=WAITING_STATES):
         exc = WorkerLostError(
-            f"RabbitMQ delivered this job's message {limit} times (x-delivery-limit) and no "
-            "run of it ended"
+            f"RabbitMQ delivered this job's message {limit + 1} times (x-delivery-limit "
+            f"{limit}) and no run of it ended"
         )
         dead_letter = ledger.give_up(
             job_id=str(job.id),

@@ -209,19 +209,30 @@ def _copy_text(cursor: Any, values: Sequence[Any]) -> list[str]:
 
 
 # --- published marks (the outbox) ----------------------------------------------------------
-def mark_published(job_ids: Iterable[str | uuid.UUID], *, now: datetime | None = None) -> int:
-    """The broker took these jobs' messages: they leave the outbox (state unchanged)."""
+def mark_published(
+    job_ids: Iterable[str | uuid.UUID], *, now: datetime | None = None, attempts: int | None = None
+) -> int:
+    """The broker took these jobs' messages: they leave the outbox (state unchanged).
+
+    `attempts`: the runs each job had when its message was sent. A row claimed since (a run
+    that may already have failed and put it back in the outbox for its retry) is not marked:
+    where rows are marked after the broker's confirm (RabbitMQ), a fast worker can get there
+    first, and the mark would hide the retry from the relay."""
     ids = list(job_ids)
     if len(ids) != 1:
-        return Job.objects.filter(id__in=ids, state__in=sources("mark_published")).update(
-            published_at=now or timezone.now()
-        )
+        rows = Job.objects.filter(id__in=ids, state__in=sources("mark_published"))
+        if attempts is not None:
+            rows = rows.filter(attempts=attempts)
+        return rows.update(published_at=now or timezone.now())
     # One job (every single enqueue): the same UPDATE, built once (see insert()).
     fields = Job._meta
     published = fields.get_field("published_at").get_db_prep_save(now or timezone.now(), connection)
     key = fields.pk.get_db_prep_save(uuid.UUID(str(ids[0])), connection)
+    params = [published, key, *_published_from()]
+    if attempts is not None:
+        params.append(attempts)
     with connection.cursor() as cursor:
-        cursor.execute(_published_sql(connection.vendor), [published, key, *_published_from()])
+        cursor.execute(_published_sql(connection.vendor, attempts is not None), params)
         return int(cursor.rowcount)
 
 
@@ -231,12 +242,13 @@ def _published_from() -> tuple[str, ...]:
 
 
 @functools.cache
-def _published_sql(vendor: str) -> str:
+def _published_sql(vendor: str, fenced: bool) -> str:
     quote = connection.ops.quote_name
     states = ", ".join(["%s"] * len(_published_from()))
+    fence = f" AND {quote('attempts')} = %s" if fenced else ""
     return (
         f"UPDATE {quote(Job._meta.db_table)} SET {quote('published_at')} = %s "
-        f"WHERE {quote('id')} = %s AND {quote('state')} IN ({states})"
+        f"WHERE {quote('id')} = %s AND {quote('state')} IN ({states}){fence}"
     )
 
 

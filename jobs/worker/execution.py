@@ -287,7 +287,9 @@ def _schedule_retry(
         if not held_by_broker:
             return True
     options = {**options, "retries": attempt}
-    if resend(task, args, kwargs, due, options, mark_published=task.track and not marked):
+    if resend(
+        task, args, kwargs, due, options, mark_published=task.track and not marked, attempt=attempt
+    ):
         return True
     if not task.track:
         raise BrokerUnavailable(f"Retry of untracked job {job_id} could not be published")

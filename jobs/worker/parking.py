@@ -50,5 +50,8 @@ def parked(
         return
     # The resumed run reads the same retry number: a sleep is not a failed attempt.
     options = {"retries": task.request.retries or 0}
-    if not resend(task, args, kwargs, wake_at, options, mark_published=not marked):
+    # the sleep gave the run's attempt back (jobs.ledger.steps.sleep): the row has attempt - 1
+    if not resend(
+        task, args, kwargs, wake_at, options, mark_published=not marked, attempt=attempt - 1
+    ):
         ledger.unpublish(job_id)  # the broker is away: the relay publishes it when due

@@ -68,8 +68,10 @@ def resend(
     due: datetime | None,
     options: dict[str, Any],
     mark_published: bool = True,
+    attempt: int = 0,
 ) -> bool:
     """Publish this job's message again (same id) for `due`; the relay covers a failure.
+    `attempt`: the runs the row has now (its mark after the publish is fenced by it).
 
     Canvas links (chain, chord, group, callbacks) ride along, so a retried chord member still
     counts toward its chord.
@@ -96,6 +98,7 @@ def resend(
         queue=queue or request_queue(task),
         priority=request_priority(task) if priority is None else int(priority),
         scheduled_for=due,
+        attempts=attempt,
         trace_context=tracing.message_context(task.request),  # each attempt in the same trace
     )
     return publish_job(

@@ -5,6 +5,7 @@ what it takes from Redis, in the same step as it takes it, and keeps a heartbeat
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import concurrency, current_app
@@ -19,10 +20,12 @@ from celery.signals import (
 )
 from django.db import close_old_connections
 
-from jobs.broker import counters, fetch, reservations
-from jobs.broker.broker import slim_message
+from jobs.broker import amqp, counters, fetch, reservations
+from jobs.broker.broker import BROKER_ERRORS, slim_message
 from jobs.worker import conflicts, watchdog
 from jobs.worker.task import PlatformTask
+
+logger = logging.getLogger(__name__)
 
 
 @task_prerun.connect
@@ -80,6 +83,18 @@ def enforce_time_limits_in_solo(sender: Any = None, **kwargs: Any) -> None:
     pool = concurrency.get_implementation(sender.pool_cls)
     if isinstance(pool, type) and issubclass(pool, solo.TaskPool):
         watchdog.enable(soft=sender.soft_time_limit, hard=sender.time_limit)
+
+
+@worker_ready.connect
+def declare_undeliverable(sender: Any = None, **kwargs: Any) -> None:
+    """On RabbitMQ: the queue Backlot's quorum queues give up on messages to, declared before
+    any can be given up on (jobs.broker.amqp; the relay empties it)."""
+    if not amqp.enabled():
+        return
+    try:
+        amqp.declare_undeliverable()
+    except BROKER_ERRORS as exc:  # the relay declares it on its next sweep
+        logger.warning("Could not declare %s: %r", amqp.UNDELIVERABLE, exc)
 
 
 @worker_ready.connect

@@ -98,3 +98,25 @@ def test_a_copy_of_more_than_one_statements_rows_stores_them_all() -> None:
     # then: each stored once, with its own arguments
     stored = dict(Job.objects.filter(id__in=[r.id for r in rows]).values_list("id", "args"))
     assert stored == {r.id: [n, n] for n, r in enumerate(rows)}
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_published_mark_skips_a_row_claimed_since_its_message_was_sent(many: bool) -> None:
+    # RabbitMQ: rows are marked after the broker's confirm, and a fast worker may have claimed
+    # the job, failed it and put it back in the outbox for its retry before the mark lands
+    now = timezone.now()
+    sent = Job.objects.create(task_name="tests.add", state=JobState.QUEUED, attempts=0)
+    retried = Job.objects.create(
+        task_name="tests.add", state=JobState.RETRYING, attempts=1, scheduled_for=now
+    )
+    ids = [sent.id, retried.id] if many else [retried.id]
+
+    marked = ledger.mark_published(ids, now=now, attempts=0)
+
+    assert marked == (1 if many else 0)
+    retried.refresh_from_db()
+    assert retried.published_at is None  # the relay still sends the retry when due
+    assert Job.objects.due(now).filter(id=retried.id).exists()
+    if many:
+        sent.refresh_from_db()
+        assert sent.published_at == now
