@@ -146,6 +146,13 @@ def settings() -> dict[str, Any]:
     }
 
 
+def depths() -> dict[str, Any]:
+    """The queue depths the dashboard, /health and /metrics read (jobs.broker.broker)."""
+    from jobs.broker import broker
+
+    return broker.queue_depths(list(backlot_settings().QUEUES))
+
+
 COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "enqueue": enqueue,
     "enqueue_many": enqueue_many_,
@@ -159,6 +166,7 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "batch_state": batch_state,
     "effects": effects,
     "settings": settings,
+    "depths": depths,
 }
 
 

@@ -5,6 +5,7 @@ and a message RabbitMQ gives up on."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 from jobs.testing import wait_until
@@ -209,6 +210,12 @@ def test_a_paused_queue_keeps_its_jobs_until_resumed(site: Site, unique):
         assert ready(site, "reports") == 5
         assert {r["state"] for r in site.driver.jobs(held)} == {"queued"}
         assert runs(site, unique) == {"d0": 1}
+        # and the operator's status (the dashboard's data) reads the depth from RabbitMQ
+        status = json.loads(site.driver("command", args=["status", "--json"])["output"])
+        reports = next(q for q in status["queues"] if q["name"] == "reports")
+        assert reports["waiting"] == 5 and reports["state"] == "paused"
+        assert site.driver("depths")["reports"] == 5  # what Backlot reads of RabbitMQ
+        assert len(status["workers"]) == WORKERS
     finally:
         site.driver("command", args=["resume", "reports"])
 
