@@ -8,6 +8,9 @@ The run tree's t/integration/conftest.py (written by tests.celery_compat.run) is
 - ``celery_session_worker`` is a real ``celery -A config worker`` process (prefork,
   concurrency 1, as Celery's session worker), named like Celery's in-process worker
   (``anon_nodename()``, which test_inspect.py expects), importing the same tasks module;
+  on RabbitMQ (BROKER_URL=amqp://...) a ``manage.py jobs relay`` process runs beside it, as in
+  a deployment: there a countdown or a retry waits in the ledger until the relay publishes it
+  (jobs.broker.amqp), where Redis holds it broker-side;
 - ``manager`` is Celery's ``Manager`` on that app; its teardown does what
   ``Manager.wait_until_idle`` does (purge, then wait until the worker has no active task),
   asking the one worker (an answer ends the wait, not a fixed one-second broadcast);
@@ -15,6 +18,7 @@ The run tree's t/integration/conftest.py (written by tests.celery_compat.run) is
   ``get_redis_connection``, ``get_active_redis_channels``) are Celery's own, from its
   original conftest (kept as t/integration/celery_conftest.py); ``TEST_BROKER`` and
   ``TEST_BACKEND`` are the project's broker and result backend;
+- a shard leaves out the tests CELERY_COMPAT_DESELECT names (other shards run them);
 - every test gets the harness's timeout (CELERY_COMPAT_TIMEOUT seconds), which replaces the
   300 s of Celery's ``flaky`` marker; there is no rerun of flaky tests (pytest-rerunfailures
   is not installed), so one run is one outcome;
@@ -48,6 +52,7 @@ from celery.utils.nodenames import anon_nodename  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from config.celery import app as project_app  # noqa: E402
+from jobs.broker import amqp  # noqa: E402
 
 project_app.set_current()
 project_app.set_default()
@@ -74,13 +79,50 @@ CONCURRENCY = int(os.environ.get("CELERY_COMPAT_CONCURRENCY", "1"))
 LOG_DIR = Path(os.environ.get("CELERY_COMPAT_LOG_DIR", ROOT / ".data" / "celery-compat"))
 
 
+# `manage.py jobs relay`, once Celery's test tasks are registered: the relay publishes a job only
+# of a task it knows, and the worker's `-I t.integration.tasks` is no setting it could read.
+RELAY = (
+    "import django; django.setup(); import t.integration.tasks; "
+    "from django.core.management import call_command; call_command('jobs', 'relay')"
+)
+
+
+def _start(command: list[str], log_path: Path, **env: str) -> subprocess.Popen[bytes]:
+    """A process of this project in a session of its own, its output in ``log_path``."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
 class SessionWorker:
-    """A real ``celery -A config worker`` process consuming the default queue."""
+    """A real ``celery -A config worker`` process consuming the default queue, and on RabbitMQ
+    the relay that publishes its delayed and retried jobs."""
 
     def __init__(self, app: Celery, nodename: str, log_path: Path) -> None:
         self.app = app
         self.hostname = nodename
         self.log_path = log_path
+        self.relay: subprocess.Popen[bytes] | None = None
+        if amqp.enabled():
+            relay_log = log_path.with_name(log_path.name.replace("worker-", "relay-", 1))
+            self.relay = _start([sys.executable, "-c", RELAY], relay_log)
         queue = str(app.conf.task_default_queue)
         command = [
             sys.executable, "-m", "celery", "-A", "config", "worker",
@@ -88,22 +130,16 @@ class SessionWorker:
             "-I", "t.integration.tasks", "-l", "INFO",
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                command,
-                cwd=ROOT,
-                env={**os.environ, "CELERY_COMPAT_WORKER": "1"},
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.process = _start(command, log_path, CELERY_COMPAT_WORKER="1")
         deadline = time.monotonic() + 120
-        while not self.ready():
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"worker {nodename} did not answer a ping in 120 s")
-            time.sleep(0.25)
+        try:
+            while not self.ready():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {nodename} did not answer a ping in 120 s")
+                time.sleep(0.25)
+        except BaseException:  # the worker, and the relay started before it, are stopped
+            self.stop()
+            raise
 
     def ready(self) -> bool:
         if self.process.poll() is not None:
@@ -112,13 +148,9 @@ class SessionWorker:
         return bool(self.app.control.ping(destination=[self.hostname], timeout=0.5))
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        _stop(self.process, grace=40)
+        if self.relay is not None:
+            _stop(self.relay, grace=10)
 
 
 _started = time.monotonic()
@@ -138,7 +170,16 @@ def _session_worker() -> SessionWorker:
 # ------------------------------------------------------------------------------ hooks
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The tests another shard runs (CELERY_COMPAT_DESELECT, space-separated ids): a test whose
+    # id is one of them, or one of them plus its parameters. pytest's --deselect takes any id
+    # it is a prefix of: test_retry would take test_retry_with_unpickleable_exception too.
+    deselect = set(os.environ.get("CELERY_COMPAT_DESELECT", "").split())
+    if deselect:
+        dropped = [item for item in items if item.nodeid.split("[")[0] in deselect]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = [item for item in items if item not in dropped]
     # First in the list: the closest timeout marker, ahead of Celery's flaky(300 s).
     for item in items:
         item.add_marker(pytest.mark.timeout(TIMEOUT), append=False)

@@ -15,6 +15,10 @@ python -m tests.celery_compat.run dburl DATABASE_URL DB_NAME
 python -m tests.celery_compat.run createdb DATABASE_URL
     Create the URL's database (owned by its user) when it does not exist.
 
+python -m tests.celery_compat.run clonedb DATABASE_URL TEMPLATE_DB
+    (Re)create the URL's database as a copy of TEMPLATE_DB (the migrated one): a shard's own,
+    on RabbitMQ, where each shard runs a relay.
+
 python -m tests.celery_compat.run ping|flushdb|hostport REDIS_URL
     Exit 0 when a Redis answers there; empty that one database (before each shard); print
     its host and port.
@@ -30,7 +34,16 @@ python -m tests.celery_compat.run compare JOB.json CONTROL.json DOC.md RESULT.js
     differs, write them to RESULT.json, exit 1 when a test passes in the control and
     not under @job while DOC.md (docs/celery-compat.md) does not list it. With
     --rerun RERUN.json (those tests run again under @job), one that passed then is
-    reported as flaky and does not fail the comparison.
+    reported as flaky and does not fail the comparison. With --broker amqp, the tests
+    listed under "Known differences on RabbitMQ" count as listed too.
+
+python -m tests.celery_compat.run amqp-definitions USER COUNT
+    Print RabbitMQ definitions (rabbitmqctl import_definitions) of the vhosts compat-0 ..
+    compat-(COUNT-1), each with every permission for USER: one vhost per shard.
+
+python -m tests.celery_compat.run amqp-wait URL...
+    Wait (up to 30 s) until an AMQP connection opens on each URL: the vhosts an import
+    created, which RabbitMQ does after rabbitmqctl has returned.
 """
 
 from __future__ import annotations
@@ -145,14 +158,23 @@ def prepare(dest: Path) -> Path:
 # ----------------------------------------------------------------------------- compare
 
 
-def known_differences(doc: Path) -> dict[str, str]:
-    """Test id -> reason, from the "Known differences" list of docs/celery-compat.md: lines
+# The sections of docs/celery-compat.md that list known differences, by broker: on RabbitMQ
+# the general list holds too (those are @job's by design), and a list of its own is added.
+KNOWN_SECTIONS = {
+    "redis": ("known differences",),
+    "amqp": ("known differences", "known differences on rabbitmq"),
+}
+
+
+def known_differences(doc: Path, broker: str = "redis") -> dict[str, str]:
+    """Test id -> reason, from the "Known differences" list of docs/celery-compat.md (and on
+    RabbitMQ "Known differences on RabbitMQ"): lines
     ``- `t/integration/test_x.py::test_cls::test_name`: reason``."""
     known: dict[str, str] = {}
     in_list = False
     for line in doc.read_text().splitlines():
         if line.startswith("## "):
-            in_list = line.strip().lower().startswith("## known differences")
+            in_list = line[3:].strip().lower() in KNOWN_SECTIONS[broker]
             continue
         match = re.match(r"^[-*] `([^`]+::[^`]+)`\s*[:\u2014-]?\s*(.*)$", line.strip())
         if in_list and match:
@@ -175,14 +197,19 @@ def _describe(counts: dict[str, int]) -> str:
 
 
 def compare(
-    job_path: Path, control_path: Path, doc: Path, out: Path, rerun_path: Path | None = None
+    job_path: Path,
+    control_path: Path,
+    doc: Path,
+    out: Path,
+    rerun_path: Path | None = None,
+    broker: str = "redis",
 ) -> int:
     job, control = _load(job_path), _load(control_path)
     rerun: dict[str, dict[str, Any]] = _load(rerun_path)["tests"] if rerun_path else {}
     job_tests: dict[str, dict[str, Any]] = job["tests"]
     control_tests: dict[str, dict[str, Any]] = control["tests"]
     missing = {"outcome": "not run", "message": "not collected in this half", "seconds": 0}
-    known = known_differences(doc)
+    known = known_differences(doc, broker)
     regressions, improvements, others = [], [], []
     for test in sorted(set(job_tests) | set(control_tests)):
         j = job_tests.get(test, missing)
@@ -215,6 +242,7 @@ def compare(
     listed_but_fine = sorted(test for test in known if test in ran and test not in regressed)
     result = {
         "celery": celery_version(),
+        "broker": broker,
         "control": {
             "decorator": "shared_task",
             "counts": _counts(control_tests),
@@ -232,7 +260,8 @@ def compare(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
 
-    print(f"Celery {result['celery']} integration suite, {result['tests']} tests")
+    on = "RabbitMQ" if broker == "amqp" else "Redis"
+    print(f"Celery {result['celery']} integration suite on {on}, {result['tests']} tests")
     for half, label in (("control", "control (shared_task)"), ("job", "@job")):
         data = result[half]
         print(f"  {label + ':':23}{_describe(data['counts'])} ({data['seconds']} s)")
@@ -305,6 +334,29 @@ def createdb(database_url: str) -> None:
             print(f"celery-compat: created database {name}", file=sys.stderr)
 
 
+def clonedb(database_url: str, template: str) -> None:
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+
+    parts = urlsplit(database_url)
+    name = parts.path.lstrip("/")
+    server = urlunsplit(parts._replace(path="/postgres"))
+    with psycopg.connect(server, autocommit=True, connect_timeout=10) as connection:
+        # FORCE: a worker of an interrupted run may still hold a connection to the old copy.
+        connection.execute(
+            sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
+        )
+        connection.execute(
+            sql.SQL("create database {} template {} owner {}").format(
+                sql.Identifier(name),
+                sql.Identifier(template),
+                sql.Identifier(parts.username or "backlot"),
+            )
+        )
+
+
 def _redis(redis_url: str) -> Any:
     import redis
 
@@ -333,6 +385,45 @@ def hostport(redis_url: str) -> str:
     return f"{parts.hostname or '127.0.0.1'} {parts.port or 6379}"
 
 
+def amqp_definitions(user: str, count: int) -> str:
+    vhosts = [f"compat-{number}" for number in range(count)]
+    permissions = [
+        {"user": user, "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"}
+        for vhost in vhosts
+    ]
+    return json.dumps({"vhosts": [{"name": vhost} for vhost in vhosts], "permissions": permissions})
+
+
+def amqp_wait(urls: list[str], timeout: float = 30.0) -> None:
+    import time
+    from urllib.parse import unquote, urlsplit
+
+    import amqp
+
+    deadline = time.monotonic() + timeout
+    for url in urls:
+        parts = urlsplit(url)
+        while True:
+            connection = amqp.Connection(
+                f"{parts.hostname}:{parts.port or 5672}",
+                userid=unquote(parts.username or "guest"),
+                password=unquote(parts.password or "guest"),
+                virtual_host=unquote(parts.path[1:]) or "/",
+                connect_timeout=2,
+            )
+            try:
+                connection.connect()
+            except (OSError, amqp.exceptions.AMQPError) as exc:
+                connection.collect()  # its socket, half open
+                if time.monotonic() > deadline:
+                    message = f"no AMQP connection to {url} in {timeout:.0f} s: {exc}"
+                    raise SystemExit(message) from None
+                time.sleep(0.2)
+                continue
+            connection.close()
+            break
+
+
 def merge(out: Path, parts: list[Path]) -> None:
     """One half's outcomes from its shards': tests and refusals joined, the worst exit
     status, the longest shard's time (they ran at once)."""
@@ -353,9 +444,10 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare")
     p.add_argument("dest", type=Path)
-    d = sub.add_parser("dburl")
-    d.add_argument("url")
-    d.add_argument("db_name")
+    for name in ("dburl", "clonedb"):
+        d = sub.add_parser(name)
+        d.add_argument("url")
+        d.add_argument("db_name")
     for name in ("createdb", "ping", "flushdb", "hostport", "unlisted"):
         sub.add_parser(name).add_argument("url")
     m = sub.add_parser("merge")
@@ -365,6 +457,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("job", "control", "doc", "out"):
         c.add_argument(name, type=Path)
     c.add_argument("--rerun", type=Path, help="outcomes of the unlisted tests run again under @job")
+    c.add_argument("--broker", choices=sorted(KNOWN_SECTIONS), default="redis")
+    a = sub.add_parser("amqp-definitions")
+    a.add_argument("user")
+    a.add_argument("count", type=int)
+    sub.add_parser("amqp-wait").add_argument("urls", nargs="+")
     args = parser.parse_args(argv)
     if args.command == "prepare":
         prepare(args.dest)
@@ -373,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         print(dburl(args.url, args.db_name))
     elif args.command == "createdb":
         createdb(args.url)
+    elif args.command == "clonedb":
+        clonedb(args.url, args.db_name)
     elif args.command == "ping":
         return 0 if ping(args.url) else 1
     elif args.command == "flushdb":
@@ -384,8 +483,12 @@ def main(argv: list[str] | None = None) -> int:
             print(test)
     elif args.command == "merge":
         merge(args.out, args.parts)
+    elif args.command == "amqp-definitions":
+        print(amqp_definitions(args.user, args.count))
+    elif args.command == "amqp-wait":
+        amqp_wait(args.urls)
     else:
-        return compare(args.job, args.control, args.doc, args.out, args.rerun)
+        return compare(args.job, args.control, args.doc, args.out, args.rerun, args.broker)
     return 0
 
 
