@@ -120,10 +120,14 @@ def queue_depths(queues: Sequence[str]) -> dict[str, int]:
     return depths
 
 
-def drain_undeliverable(record: Callable[[list[str]], object], *, most: int = 500) -> int:
-    """Hand `record` the job ids of up to `most` messages RabbitMQ gave up on (delivered
-    AMQP_DELIVERY_LIMIT times), then acknowledge them: a `record` that raises leaves them in
-    the queue for the next sweep. Returns how many were taken."""
+def drain_undeliverable(
+    record: Callable[[list[tuple[str, str]]], object], *, most: int = 500
+) -> int:
+    """Hand `record` (job id, reason) of up to `most` messages RabbitMQ dead-lettered, then
+    acknowledge them: a `record` that raises leaves them in the queue for the next sweep.
+    The reason is RabbitMQ's: "delivery_limit" (delivered AMQP_DELIVERY_LIMIT + 1 times),
+    "expired" (Celery's `expires`, sent as the message's TTL), "rejected". Returns how many
+    were taken."""
     with current_app.connection_for_read() as connection:
         queue = undeliverable_queue()(connection.default_channel)
         queue.declare()
@@ -135,9 +139,13 @@ def drain_undeliverable(record: Callable[[list[str]], object], *, most: int = 50
             taken.append(message)
         if not taken:
             return 0
-        ids = [str(job_id) for m in taken if (job_id := (m.headers or {}).get("id"))]
+        found = [
+            (str(headers["id"]), death_reason(headers))
+            for message in taken
+            if (headers := message.headers or {}).get("id")
+        ]
         try:
-            record(ids)
+            record(found)
         except Exception:
             for message in taken:
                 message.requeue()
@@ -145,3 +153,12 @@ def drain_undeliverable(record: Callable[[list[str]], object], *, most: int = 50
         for message in taken:
             message.ack()
     return len(taken)
+
+
+def death_reason(headers: dict[str, Any]) -> str:
+    """Why RabbitMQ dead-lettered a message (its x-first-death-reason, or the first x-death)."""
+    reason = headers.get("x-first-death-reason")
+    if not reason:
+        deaths = headers.get("x-death") or [{}]
+        reason = deaths[0].get("reason") if isinstance(deaths[0], dict) else None
+    return str(reason or "delivery_limit")

@@ -91,7 +91,7 @@ def takes_countdown(delay: float) -> bool:
 
 def backlot_priority(broker: int) -> int:
     """The inverse of broker_priority."""
-    return 9 - broker
+    return amqp.broker_priority(broker) if amqp.enabled() else 9 - broker
 
 
 def publish(

@@ -36,6 +36,7 @@ from typing import Any
 from celery import Task
 from celery.contrib.django.task import DjangoTask
 
+from jobs.broker import amqp
 from jobs.core.conf import backlot_settings
 from jobs.core.policies import RetryPolicy
 from jobs.worker.task import PlatformTask
@@ -62,8 +63,10 @@ def adopted_policy(max_retries: Any, retry_backoff_max: Any) -> RetryPolicy:
 
 def backlot_priority(level: Any) -> int:
     """A Celery-on-Redis priority level (0 first; above 9 is 9, below 0 is 0, as kombu clamps)
-    as Backlot's priority (9 first)."""
-    return REDIS_LEVELS - max(0, min(REDIS_LEVELS, int(level)))
+    as Backlot's priority (9 first). On RabbitMQ Celery's levels already run higher first, as
+    Backlot's do: the level is kept (clamped to 0-9)."""
+    clamped = max(0, min(REDIS_LEVELS, int(level)))
+    return clamped if amqp.enabled() else REDIS_LEVELS - clamped
 
 
 class AdoptedTask(PlatformTask):

@@ -330,9 +330,16 @@ def _undeliverable() -> None:
         logger.warning("relay: could not read the undeliverable messages: %s", exc)
 
 
-def _dead_undeliverable(job_ids: list[str]) -> None:
+def _dead_undeliverable(messages: list[tuple[str, str]]) -> None:
+    """An expired message (Celery's `expires`, which RabbitMQ applies as the message's TTL)
+    ends its job cancelled, as a worker discards one on Redis; any other reason (the delivery
+    limit) makes it a dead letter."""
+    expired = [job_id for job_id, reason in messages if reason == "expired"]
+    for job_id in expired:
+        _expired(job_id)
+    given_up = [job_id for job_id, reason in messages if reason != "expired"]
     limit = backlot_settings().AMQP_DELIVERY_LIMIT
-    for job in Job.objects.filter(id__in=job_ids, state__in=WAITING_STATES):
+    for job in Job.objects.filter(id__in=given_up, state__in=WAITING_STATES):
         exc = WorkerLostError(
             f"RabbitMQ delivered this job's message {limit + 1} times (x-delivery-limit "
             f"{limit}) and no run of it ended"
@@ -351,6 +358,22 @@ def _dead_undeliverable(job_ids: list[str]) -> None:
         with contextlib.suppress(UnknownTask):
             task = task_by_name(job.task_name)
         _announce_dead(job, exc, dead_letter.pk if dead_letter else None, task)
+
+
+def _expired(job_id: str) -> None:
+    if not ledger.cancel_discarded(job_id, reason="expired"):
+        return  # not waiting any more: cancelled, running or finished
+    job = Job.objects.filter(id=job_id).only("task_name", "queue", "attempts").first()
+    if job is not None:
+        events.send(
+            events.job_cancelled,
+            task=job.task_name,
+            job_id=job_id,
+            queue=job.queue,
+            attempt=job.attempts,
+            while_running=False,
+            by=None,
+        )
 
 
 def _restore_reservations() -> None:

@@ -55,6 +55,11 @@ def enqueue(task: str, args: list, kwargs: dict, options: dict) -> dict[str, Any
     return {"id": handle.id}
 
 
+def apply_async(task: str, args: list, kwargs: dict, options: dict) -> dict[str, Any]:
+    """Celery's call, with Celery's options (expires, countdown...)."""
+    return {"id": task_by_name(task).apply_async(args, kwargs, **options).id}
+
+
 def enqueue_many_(task: str, calls: list) -> dict[str, Any]:
     with transaction.atomic():
         ids = enqueue_many(task_by_name(task), [(a, k) for a, k in calls])
@@ -155,6 +160,7 @@ def depths() -> dict[str, Any]:
 
 COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "enqueue": enqueue,
+    "apply_async": apply_async,
     "enqueue_many": enqueue_many_,
     "jobs": jobs_,
     "dead_letters": dead_letters,

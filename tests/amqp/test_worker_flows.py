@@ -307,3 +307,26 @@ def test_the_dead_letter_says_how_many_times_rabbitmq_delivered_the_message(site
     delivered = len(site.marks(unique))  # each delivery ran it once, and it died
     assert delivered == DELIVERY_LIMIT + 1
     assert f"delivered this job's message {delivered} times" in letter["message"], letter
+
+
+def test_a_job_that_expires_in_rabbitmq_ends_cancelled_not_dead(site: Site, unique):
+    # given: reports paused, and a job on it that expires in 1 s (Celery sends `expires` as
+    # the message's TTL on RabbitMQ, which dead-letters it to backlot.undeliverable)
+    site.driver("command", args=["pause", "reports"])
+    try:
+        wait_until(lambda: consumers(site, "reports") == 0, timeout=30, what="reports paused")
+        job_id = site.driver(
+            "apply_async",
+            task="tests.amqp.work",
+            args=[unique, "late"],
+            kwargs={},
+            options={"queue": "reports", "expires": 1},
+        )["id"]
+
+        # then the relay's drain ends it cancelled ("expired"), as a worker discards it on Redis
+        (row,) = site.driver.wait_states([job_id], FINISHED, timeout=60, what="the expiry")
+    finally:
+        site.driver("command", args=["resume", "reports"])
+    assert row["state"] == "cancelled" and row["error"] == "expired", row
+    assert site.driver("dead_letters", ids=[job_id])["dead_letters"] == []
+    assert runs(site, unique) == {}

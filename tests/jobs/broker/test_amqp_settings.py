@@ -127,3 +127,28 @@ def test_a_nacked_or_refused_publish_is_a_broker_error_that_leaves_the_row_in_th
 
     assert issubclass(MessageNacked, broker.BROKER_ERRORS)  # a quorum queue electing a leader
     assert issubclass(ConnectionForced, broker.BROKER_ERRORS)  # the node shut down
+
+
+def test_a_priority_read_back_from_a_rabbitmq_message_is_backlots_own(on_rabbitmq):
+    # jobs.worker.request reads request.delivery_info['priority'] back through backlot_priority
+    assert [broker.backlot_priority(broker.broker_priority(p)) for p in range(10)] == list(
+        range(10)
+    )
+    assert broker.backlot_priority(7) == 7
+
+
+def test_rabbitmq_s_reason_for_a_dead_lettered_message_is_read(on_rabbitmq):
+    assert amqp.death_reason({"x-first-death-reason": "expired"}) == "expired"
+    assert amqp.death_reason({"x-death": [{"reason": "delivery_limit", "count": 1}]}) == (
+        "delivery_limit"
+    )
+    assert amqp.death_reason({}) == "delivery_limit"
+
+
+def test_adopted_celery_priorities_keep_the_order_they_had_on_their_broker(settings):
+    from jobs.flow.adopt import backlot_priority
+
+    assert [backlot_priority(level) for level in (0, 9, 12)] == [9, 0, 0]  # Redis: 0 first
+    settings.CELERY_BROKER_URL = RABBIT
+    settings.REDIS_URL = "redis://127.0.0.1:6390/0"
+    assert [backlot_priority(level) for level in (0, 9, 12)] == [0, 9, 9]  # RabbitMQ: 9 first
