@@ -214,23 +214,28 @@ def _publish_one(job: Job) -> bool | None:
     except (DatabaseError, *broker.BROKER_ERRORS):
         raise  # the ledger or Redis is away, not this row: the sweep fails and runs again
     except Exception as exc:  # noqa: BLE001 - this row's own problem: dead-letter it, go on
-        dead_letter = ledger.give_up(
-            job_id=str(job.id),
-            defaults=ledger.Defaults(job.task_name, job.queue, job.priority),
-            args=job.args,
-            kwargs=job.kwargs,
-            attempt=job.attempts,
-            exc=exc,
-            failures=list(job.failures or []),
-        )
         logger.error(
             "Job %s (%s) cannot be published (%s): dead-lettered",
             job.id,
             job.task_name,
             type(exc).__name__,
         )
-        _announce_dead(job, exc, dead_letter.pk if dead_letter else None, task)
+        _dead(job, exc, task)
         return None
+
+
+def _dead(job: Job, exc: BaseException, task: Any) -> None:
+    """A waiting job the relay gives up on: its dead letter, then the announcement."""
+    dead_letter = ledger.give_up(
+        job_id=str(job.id),
+        defaults=ledger.Defaults(job.task_name, job.queue, job.priority),
+        args=job.args,
+        kwargs=job.kwargs,
+        attempt=job.attempts,
+        exc=exc,
+        failures=list(job.failures or []),
+    )
+    _announce_dead(job, exc, dead_letter.pk if dead_letter else None, task)
 
 
 def _announce_dead(job: Job, exc: BaseException, dead_letter_id: int | None, task: Any) -> None:
@@ -344,20 +349,11 @@ def _dead_undeliverable(messages: list[tuple[str, str]]) -> None:
             f"RabbitMQ delivered this job's message {limit + 1} times (x-delivery-limit "
             f"{limit}) and no run of it ended"
         )
-        dead_letter = ledger.give_up(
-            job_id=str(job.id),
-            defaults=ledger.Defaults(job.task_name, job.queue, job.priority),
-            args=job.args,
-            kwargs=job.kwargs,
-            attempt=job.attempts,
-            exc=exc,
-            failures=list(job.failures or []),
-        )
         logger.error("Job %s (%s) gave up: %s", job.id, job.task_name, exc)
         task = None
         with contextlib.suppress(UnknownTask):
             task = task_by_name(job.task_name)
-        _announce_dead(job, exc, dead_letter.pk if dead_letter else None, task)
+        _dead(job, exc, task)
 
 
 def _expired(job_id: str) -> None:
