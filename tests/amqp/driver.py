@@ -158,6 +158,15 @@ def depths() -> dict[str, Any]:
     return broker.queue_depths(list(backlot_settings().QUEUES))
 
 
+def purge(queue: str) -> dict[str, Any]:
+    """Drop every ready message of `queue` in RabbitMQ (an operator's purge, a lost queue)."""
+    from celery import current_app
+
+    with current_app.connection_for_write() as conn:
+        channel: Any = conn.default_channel  # celery-types types it as kombu's StdChannel
+        return {"purged": channel.queue_purge(queue)}
+
+
 COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "enqueue": enqueue,
     "apply_async": apply_async,
@@ -173,6 +182,7 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
     "effects": effects,
     "settings": settings,
     "depths": depths,
+    "purge": purge,
 }
 
 

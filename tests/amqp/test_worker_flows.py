@@ -334,3 +334,21 @@ def test_a_job_that_expires_in_rabbitmq_ends_cancelled_not_dead(site: Site, uniq
     assert row["state"] == "cancelled" and row["error"] == "expired", row
     assert site.driver("dead_letters", ids=[job_id])["dead_letters"] == []
     assert runs(site, unique) == {}
+
+
+def test_a_job_whose_message_rabbitmq_lost_is_sent_again_by_the_relay(site: Site, unique):
+    # given: a job accepted on a paused queue, its message then purged from RabbitMQ
+    site.driver("command", args=["pause", "reports"])
+    try:
+        wait_until(lambda: consumers(site, "reports") == 0, timeout=30, what="reports paused")
+        job_id = site.driver.enqueue("tests.amqp.work", unique, "lost", queue="reports")
+        wait_until(lambda: ready(site, "reports") == 1, timeout=30, what="its message")
+        assert site.driver("purge", queue="reports")["purged"] == 1
+    finally:
+        site.driver("command", args=["resume", "reports"])
+
+    # then: the relay finds it waiting on a queue with no message ready (RELAY_LOST_AFTER,
+    # 30 s, after its publish) and sends it again; it runs once
+    (row,) = site.driver.wait_states([job_id], FINISHED, timeout=120, what="the re-sent job")
+    assert (row["state"], row["attempts"]) == ("succeeded", 1)
+    assert runs(site, unique) == {"lost": 1}
