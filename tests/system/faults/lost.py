@@ -25,6 +25,7 @@ from django.apps import apps
 if not apps.ready:  # run as a command; workers and pytest have set Django up already
     django.setup()
 
+import redis
 from celery import Celery
 from django.core.management import call_command
 from django.db import transaction
@@ -126,7 +127,12 @@ class ProcfileWorker(Process):
     def ready(self) -> bool:
         if self.process.poll() is not None:
             raise AssertionError(f"worker {self.name} exited:\n{self.log_path.read_text()[-3000:]}")
-        return bool(self.probe.control.ping(destination=[self.name], timeout=0.5))
+        try:
+            return bool(self.probe.control.ping(destination=[self.name], timeout=0.5))
+        except redis.ConnectionError:
+            # the probe's pooled connection closed under it (a fresh-clone run saw "Connection
+            # closed by server" here once, the worker itself fine): not an answer, ask again
+            return False
 
     def kill(self) -> None:
         super().kill()
