@@ -122,7 +122,11 @@ class ProcfileWorker(Process):
         if wait:
             from jobs.testing import wait_until
 
-            wait_until(self.ready, timeout=90, interval=0.25, what=f"worker {self.name}")
+            try:
+                wait_until(self.ready, timeout=90, interval=0.25, what=f"worker {self.name}")
+            except BaseException:
+                self.kill()  # the caller never holds it: it would outlive the test
+                raise
 
     def ready(self) -> bool:
         if self.process.poll() is not None:
