@@ -37,6 +37,15 @@ def insert(job: Job) -> None:
     value is None is left out (its column defaults to NULL): 15 of Job's 35 at a plain enqueue,
     each a value prepared and bound for nothing. Job has no pre_save/post_save receivers of the
     platform's; the documented hook is events.job_enqueued, sent after commit."""
+    fields, values = _insert_values(job)
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(connection.vendor, tuple(fields)), values)
+    job._state.adding = False
+    job._state.db = connection.alias
+
+
+def _insert_values(job: Job) -> tuple[list[Any], list[Any]]:
+    """The columns a new row of `job` sets and their prepared values (see insert)."""
     fields = []
     values = []
     for field in _insert_fields():
@@ -45,10 +54,7 @@ def insert(job: Job) -> None:
             continue
         fields.append(field)
         values.append(field.get_db_prep_save(value, connection))
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(connection.vendor, tuple(fields)), values)
-    job._state.adding = False
-    job._state.db = connection.alias
+    return fields, values
 
 
 @functools.cache
@@ -71,17 +77,21 @@ def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> 
     CONFLICT DO NOTHING`: a new key inserts it and then the job (the record's foreign key is
     checked at commit), an existing one inserts nothing, so no savepoint is needed to survive
     the conflict (two round trips inside a transaction where the savepoints and the ORM's saves
-    took six). A concurrent enqueue of the same key waits on the key's index entry until the
-    first commits (then finds it held) or rolls back (then inserts it).
+    took six; on PostgreSQL both INSERTs are one statement, _insert_with_record). A concurrent
+    enqueue of the same key waits on the key's index entry until the first commits (then finds
+    it held) or rolls back (then inserts it).
     """
     scoped = f"{job.task_name}:{key}"
+    if connection.vendor == "postgresql" and _insert_with_record(job, scoped, now):
+        return None
     with transaction.atomic(savepoint=False):
-        with connection.cursor() as cursor:
-            cursor.execute(_record_sql(connection.vendor), _record_values(scoped, job.id, now))
-            taken = cursor.rowcount == 1
-        if taken:
-            insert(job)
-            return None
+        if connection.vendor != "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(_record_sql(connection.vendor), _record_values(scoped, job.id, now))
+                taken = cursor.rowcount == 1
+            if taken:
+                insert(job)
+                return None
         # Lock the record alone: a join would let PostgreSQL drop the row when another enqueue
         # re-points it to a new job while we wait for the lock.
         record = IdempotencyRecord.objects.select_for_update(of=("self",)).get(key=scoped)
@@ -93,6 +103,36 @@ def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> 
         record.created_at = now
         record.save(update_fields=["job", "created_at"])
         return None
+
+
+def _insert_with_record(job: Job, key: str, now: datetime) -> bool:
+    """PostgreSQL: the key's record and the job in one statement (the record's INSERT ... ON
+    CONFLICT DO NOTHING as a CTE, the job's row inserted only when it took the key), atomic on
+    its own: one round trip where two were (and, outside a transaction, no BEGIN and COMMIT
+    around them). False, with nothing written, when the key is held: the caller then looks at
+    its holder. A concurrent enqueue of the key waits on its index entry, as before."""
+    fields, values = _insert_values(job)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _insert_with_record_sql(tuple(fields)), [*_record_values(key, job.id, now), *values]
+        )
+        taken = cursor.rowcount == 1
+    if taken:
+        job._state.adding = False
+        job._state.db = connection.alias
+    return taken
+
+
+@functools.lru_cache(maxsize=64)
+def _insert_with_record_sql(fields: tuple[Any, ...]) -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    marks = ", ".join(["%s"] * len(fields))
+    return (
+        f"WITH record AS ({_record_sql('postgresql')} RETURNING 1) "
+        f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) "
+        f"SELECT {marks} WHERE EXISTS (SELECT FROM record)"
+    )
 
 
 def _record_values(key: str, job_id: uuid.UUID, now: datetime) -> list[Any]:
