@@ -151,7 +151,7 @@ def email_queue(
     # enqueue (one database round trip of the API's POST /api/emails/).
     job_id = uuid.uuid4()
     with transaction.atomic():
-        message = EmailMessage.objects.create(
+        message = EmailMessage.objects.insert(
             to=to,
             subject=rendered_subject,
             template=template,
