@@ -404,6 +404,11 @@ def run_layout(*, full: bool = False) -> CaseResult:
         sets = {
             "single_c2": [workers.start("single", concurrency=2)],
             "shipped": [workers.start(f"shipped{i}", argv=args) for i, args in enumerate(shipped)],
+            # the same lines with the claim deferred (issue 26 item 3: one write per short job)
+            "shipped_deferred": [
+                workers.start(f"deferred{i}", argv=args, env={"BACKLOT_DEFER_CLAIM": "1"})
+                for i, args in enumerate(shipped)
+            ],
             "per_core_c1": [workers.start(f"core{i}", concurrency=1) for i in range(cores)],
             "single_c2_prefetch4": [
                 workers.start(
@@ -428,6 +433,8 @@ def run_layout(*, full: bool = False) -> CaseResult:
             name: (group, bench.bare_noop) for name, group in sets.items()
         }
         plans["shipped_ledger_on"] = (sets["shipped"], bench.noop)
+        plans["shipped_deferred_ledger_on"] = (sets["shipped_deferred"], bench.noop)
+        del plans["shipped_deferred"]  # bare no-ops write no row: the same as "shipped"
         rates: dict[str, list[float]] = {name: [] for name in plans}
         for round_no in range(size.repeats + 1):  # round 0 warms up
             names = list(plans) if round_no % 2 == 0 else list(reversed(plans))
@@ -487,6 +494,35 @@ def run_layout(*, full: bool = False) -> CaseResult:
         "shipped_ledger_on / single_c2_prefetch4",
         rates["shipped_ledger_on"],
         rates["single_c2_prefetch4"],
+    )
+    result.figure(
+        "shipped_deferred_ledger_on",
+        rates["shipped_deferred_ledger_on"],
+        "jobs/s",
+        what="the same worker lines with BACKLOT['DEFER_CLAIM'] (one ledger write per short job)",
+    )
+    deferred = min(
+        result.ratio(
+            "shipped_deferred_ledger_on / single_c2",
+            rates["shipped_deferred_ledger_on"],
+            rates["single_c2"],
+        ),
+        result.ratio(
+            "shipped_deferred_ledger_on / single_c2_prefetch4",
+            rates["shipped_deferred_ledger_on"],
+            rates["single_c2_prefetch4"],
+        ),
+    )
+    result.ratio(
+        "shipped_deferred_ledger_on / shipped_ledger_on",
+        rates["shipped_deferred_ledger_on"],
+        rates["shipped_ledger_on"],
+    )
+    result.target(
+        "shipped layout, ledger-on jobs, claim deferred / bare worker -c 2",
+        deferred,
+        ">= 1.0",
+        deferred >= 1.0,
     )
     # Issue 16's headline: against bare Celery's own default worker (prefetch 4) and the
     # project's settings (prefetch 1), whichever drains faster.

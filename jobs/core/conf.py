@@ -116,6 +116,13 @@ class BacklotSettings:
     # A running job's claim lasts this long and is renewed every third of it while it runs: a
     # job whose worker died is re-queued by the relay within about this time.
     LEASE_SECONDS: float = 30.0
+    # A short job writes the ledger once (jobs.ledger.deferred): its delivery reads the row and
+    # records the run in Redis (jobs.broker.running) instead of writing the claim, and its
+    # success is one UPDATE. The claim row is written when the run outlives the first third of
+    # its lease, or calls progress(), an effect, a step or enqueues a child, or fails. Redis
+    # brokers, workers whose jobs run in the main process (-P solo, threads); not for jobs in
+    # a batch or behind a rate or concurrency gate (they claim as before).
+    DEFER_CLAIM: bool = False
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     BEAT_LOCK_TTL: int = 30
     # A schedule's fire time that passed while no beat ran (found more than

@@ -13,7 +13,7 @@ may run in the relay's or the canceller's process, outside any run).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -24,6 +24,8 @@ from typing import Any
 class RunningJob:
     job_id: str
     owner_id: int | None
+    # Called before the run enqueues a child (the run's deferred claim is written first).
+    before_child: Callable[[], None] | None = None
 
 
 @dataclass
@@ -54,9 +56,11 @@ def acting_as(user: Any) -> Iterator[None]:
 
 
 @contextmanager
-def running(job_id: str, owner_id: int | None) -> Iterator[None]:
+def running(
+    job_id: str, owner_id: int | None, before_child: Callable[[], None] | None = None
+) -> Iterator[None]:
     """Inside a job's run (jobs.worker.execution)."""
-    token = _running.set(RunningJob(job_id, owner_id))
+    token = _running.set(RunningJob(job_id, owner_id, before_child))
     try:
         yield
     finally:

@@ -108,6 +108,11 @@ TRANSITIONS: dict[str, Transition] = _table(
     Transition("renew", (JobState.RUNNING,), JobState.RUNNING),
     Transition("progress", (JobState.RUNNING,), JobState.RUNNING),
     Transition("succeed", (JobState.RUNNING,), JobState.SUCCEEDED),
+    # DEFER_CLAIM (jobs.ledger.deferred): a run that read its waiting row writes its claim
+    # late, or not at all when it succeeds first; a run that vanished unclaimed is recorded.
+    Transition("claim_deferred", WAITING_STATES, JobState.RUNNING),
+    Transition("succeed_unclaimed", WAITING_STATES, JobState.SUCCEEDED),
+    Transition("run_lost", WAITING_STATES, JobState.RUNNING),
     Transition("retry_later", (JobState.RUNNING,), JobState.RETRYING),
     Transition("release", (JobState.RUNNING,), JobState.QUEUED),
     Transition("lease_lapsed", (JobState.RUNNING,), JobState.QUEUED),

@@ -68,6 +68,8 @@ class JobHandle:
 def _lineage(owner: Any, detached: bool) -> dict[str, Any]:
     """owner_id and parent_id of a new job (see enqueue)."""
     running = None if detached else context.running_job()
+    if running is not None and running.before_child is not None:
+        running.before_child()  # a run whose claim is deferred writes it before its children
     user = owner if getattr(owner, "pk", None) else context.acting_user()
     return {
         "owner_id": user.pk if user is not None else (running.owner_id if running else None),

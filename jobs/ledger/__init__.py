@@ -27,6 +27,7 @@ from jobs.ledger.cancel import (
     run_cancelled,
 )
 from jobs.ledger.claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
+from jobs.ledger.deferred import Peeked, claim_deferred, peek, run_lost, succeed_unclaimed
 from jobs.ledger.replace import REPLACED, replace, replaced_by_untracked, take_over
 from jobs.ledger.resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
 from jobs.ledger.run import (
@@ -59,11 +60,13 @@ __all__ = [
     "Defaults",
     "Dropped",
     "NewRow",
+    "Peeked",
     "busy_released",
     "cancel_discarded",
     "cancel_waiting",
     "children_cancelled",
     "claim",
+    "claim_deferred",
     "claim_delivery",
     "database_busy",
     "dead_letter_replayed",
@@ -77,6 +80,7 @@ __all__ = [
     "lapsed_lease_dead",
     "lapsed_leases_requeued",
     "mark_published",
+    "peek",
     "progress",
     "release",
     "renew",
@@ -86,6 +90,7 @@ __all__ = [
     "request_cancel",
     "retry_later",
     "run_cancelled",
+    "run_lost",
     "signal_sent",
     "sleep",
     "sleep_ended",
@@ -94,6 +99,7 @@ __all__ = [
     "step_succeeded",
     "steps_copied",
     "succeed",
+    "succeed_unclaimed",
     "take_over",
     "unpublish",
     "waiting_but_due",

@@ -20,9 +20,12 @@ from typing import Any
 from django.core import signing
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
+from redis.exceptions import RedisError
 
+from jobs.broker import running
+from jobs.core.conf import backlot_settings
 from jobs.core.masking import mask_text
-from jobs.core.states import ACTIVE_STATES, WAITING_CHILDREN, JobState
+from jobs.core.states import ACTIVE_STATES, WAITING_CHILDREN, WAITING_STATES, JobState
 from jobs.models import Job, JobStep
 from jobs.web.descriptions import describe, kind_of, tasks_of_kind
 
@@ -134,6 +137,8 @@ def job_status(job: Job, *, active_children: bool | None = None) -> dict[str, An
     its state as Job.shown_state says (queued once due, waiting_children, ...)."""
     result = job.result if job.state == JobState.SUCCEEDED else None
     state = job.shown_state(active_children=active_children)
+    if state in WAITING_STATES and backlot_settings().DEFER_CLAIM and _runs_unclaimed(job.pk):
+        state = JobState.RUNNING  # DEFER_CLAIM: its run started; the row is written at its end
     return {
         "job_id": str(job.id),
         "task": job.task_name,
@@ -157,6 +162,15 @@ def job_status(job: Job, *, active_children: bool | None = None) -> dict[str, An
         "queue_wait_seconds": None if job.queue_wait is None else round(job.queue_wait, 3),
         "run_seconds": None if job.run_seconds is None else round(job.run_seconds, 3),
     }
+
+
+def _runs_unclaimed(job_id: Any) -> bool:
+    """Whether a run of the job started without writing its claim (DEFER_CLAIM): its Redis
+    record says so (jobs.broker.running). False while Redis cannot be read: the row decides."""
+    try:
+        return bool(running.live([job_id]))
+    except RedisError:
+        return False
 
 
 @dataclass

@@ -18,6 +18,7 @@ from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.utils import timezone
 
 from jobs import ledger
+from jobs.core.exceptions import LeaseLost
 from jobs.core.policies import RetryPolicy, RetryRequested
 
 logger = logging.getLogger(__name__)
@@ -185,6 +186,11 @@ class CeleryTaskAPI(Task[P, R]):
         successor = self.app.tasks.get(final.task) if final is not None else None
         tracked = isinstance(successor, CeleryTaskAPI) and bool(getattr(successor, "track", False))
         write = ledger.replace if tracked else ledger.replaced_by_untracked
+        try:
+            hold.claim_now()  # a deferred claim is written before the row is handed over
+        except LeaseLost:
+            logger.warning("Job %s lost its claim; its replacement is not sent", request.id)
+            raise Ignore() from None
         if not write(job_id=str(request.id), attempt=hold.attempt, lease_owner=hold.lease_owner):
             logger.warning("Job %s lost its claim; its replacement is not sent", request.id)
             raise Ignore()

@@ -47,6 +47,7 @@ def effect_once(key: str) -> Iterator[EffectRecord]:
     if hold is not None:
         try:
             hold.check()  # a run known to be lost does not start the block
+            hold.claim_now()  # a deferred claim is written before, not in, the block
         except LeaseLost:
             refused("effect", hold.job_id, hold.attempt)
             raise

@@ -8,12 +8,15 @@ cancelled, lost, worker lost) is jobs.worker.outcomes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
+from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
 from django.db import DatabaseError
 from django.utils import timezone
@@ -21,14 +24,15 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from jobs import ledger
-from jobs.broker import broker, slots
+from jobs.broker import broker, running, slots
 from jobs.core import context, events, tracing
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable, JobCancelled, LeaseLost
 from jobs.core.policies import RetryDecision, RetryRequested, TimeLimitHit
+from jobs.ledger import batch_finish
 from jobs.models import Job
 from jobs.worker import outcomes, parking, watchdog
-from jobs.worker.lease import holding, refused, renewer
+from jobs.worker.lease import DeferredClaim, holding, refused, renewer
 from jobs.worker.redelivery import Runnable, request_priority, request_queue, resend
 
 logger = logging.getLogger(__name__)
@@ -43,6 +47,10 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         return _run(task, args, kwargs, held)
     finally:
         held.release()
+        if getattr(task.request, "_backlot_unclaimed", False):  # DEFER_CLAIM's record
+            task.request._backlot_unclaimed = False
+            with contextlib.suppress(RedisError):  # it lapses; the next delivery reads the row
+                running.end(str(task.request.id), getattr(task.request, outcomes.CLAIM_TOKEN))
 
 
 def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
@@ -55,7 +63,14 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             raise Ignore()  # it waits at its gate (acknowledged; no attempt spent)
         claim = None
         since = time.monotonic()  # the claim's lease runs from before its UPDATE
-        if task.track:
+        deferred = _deferred(task, request, lease_seconds, held) if task.track else None
+        if isinstance(deferred, ledger.Dropped):
+            outcomes.count_delivery(deferred.reason)
+            raise Ignore()
+        if deferred is not None:
+            claim = deferred.claim
+            outcomes.count_delivery("deferred")
+        elif task.track:
             claimed = ledger.claim_delivery(
                 job_id=request.id,
                 lease_seconds=lease_seconds,
@@ -101,6 +116,14 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             since=since,
             on_renew=held.renew if held.gate and held.gate.limit else None,
         )
+        if deferred is not None:
+            hold.write_claim = DeferredClaim(
+                str(request.id),
+                deferred.attempts,
+                str(claim.lease_owner),
+                timezone.now(),
+                lease_seconds,
+            )
     # Kept on Celery's per-request Context: the run's writes match its claim's token.
     request._backlot_hold = hold
     # A rate-limited run's code begins at most `limit` (+ 10 %) a second, whatever its claim took.
@@ -122,7 +145,9 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
         try:
             owner_id = claim.owner_id if claim else None
             with (
-                context.running(str(request.id), owner_id),
+                context.running(
+                    str(request.id), owner_id, hold.claim_now if hold is not None else None
+                ),
                 holding(hold),
                 watchdog.limited(
                     task,
@@ -132,6 +157,12 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
                 ),
             ):
                 result = task.run(*args, **kwargs)
+        except Ignore:
+            raise  # a success (or a replacement, which wrote its claim)
+        except BaseException:
+            if hold is not None:
+                hold.claim_now()  # the failed run's outcome is a claimed run's (LeaseLost if not)
+            raise
         finally:
             if hold is not None:  # the finish below is fenced; renewals stop first
                 renewer.release(request.id)
@@ -176,6 +207,50 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             throttle.close()
     outcomes.succeeded(task, attempt, time.monotonic() - started, result)
     return result
+
+
+def _deferred(
+    task: Runnable, request: Any, lease_seconds: float, held: slots.Slots
+) -> ledger.Peeked | ledger.Dropped | None:
+    """DEFER_CLAIM: this delivery's run recorded in Redis and its row read, when it may run
+    without writing its claim first (jobs.ledger.deferred); Dropped when another run holds the
+    job; None when it claims as before (a job the setting does not cover, a row that is not
+    plainly waiting, a run that vanished before this delivery: the claim counts its crash)."""
+    token = getattr(request, outcomes.CLAIM_TOKEN, None)
+    if token is None or not _defers(task, held):
+        return None
+    job_id = str(request.id)
+    started = running.start(job_id, token, lease_seconds)
+    if started == "busy":
+        return ledger.Dropped("duplicate")  # its run goes on elsewhere
+    request._backlot_unclaimed = True  # its record is dropped when the delivery ends
+    if started == "lapsed":
+        # a run of this job started unclaimed and vanished (its worker died): recorded as a
+        # claim under a lapsed lease, which the claim path takes over, counting the crash
+        ledger.run_lost(job_id=job_id, lease_owner=str(uuid.uuid4()))
+        return None
+    request._backlot_unclaimed = True  # its record is dropped when the delivery ends
+    if started != "ok":
+        return None  # a run wrote its claim row: the ledger's claim decides
+    peeked = ledger.peek(job_id=job_id, token=token)
+    if peeked is None:
+        return None
+    batch_finish.claimed(job_id=job_id, batch_id=None)  # peek took only rows of no batch
+    return peeked
+
+
+def _defers(task: Runnable, held: slots.Slots) -> bool:
+    """Whether this delivery may defer its claim: the setting, a Redis broker (whose restore
+    and reconcile give back what a vanished run held), the job's code in this process (no
+    pool process the worker's main process writes for), and no gate (a slot's lease is the
+    claim's)."""
+    return (
+        backlot_settings().DEFER_CLAIM
+        and broker.lists_held_messages()
+        and not task.cluster_rate_limit
+        and not task.concurrency_limit
+        and current_process().name == "MainProcess"
+    )
 
 
 def attempt_failed(

@@ -34,11 +34,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from django.db import close_old_connections, connections
 
 from jobs import ledger
+from jobs.broker import running
 from jobs.broker.redis import redis_client
 from jobs.core.exceptions import LeaseLost
 from jobs.worker.stopper import Stopper
@@ -74,6 +77,45 @@ def refused(write: str, job_id: str, attempt: int | None) -> None:
     count(f"refused:{write}")
 
 
+@dataclass(frozen=True)
+class DeferredClaim:
+    """The claim a run read but did not write (DEFER_CLAIM; jobs.ledger.deferred): the row's
+    attempt count its writes match, its token, when it started."""
+
+    job_id: str
+    attempts: int
+    lease_owner: str
+    started: datetime
+    lease_seconds: float
+
+    def write(self) -> bool:
+        """Write it (the run needs its claim row); False if the row changed since the read."""
+        written = ledger.claim_deferred(
+            job_id=self.job_id,
+            attempts=self.attempts,
+            lease_owner=self.lease_owner,
+            started=self.started,
+            lease_seconds=self.lease_seconds,
+        )
+        if written:
+            try:  # later deliveries take the claim path; the ledger decides either way
+                running.claimed(self.job_id, self.lease_owner)
+            except Exception as exc:  # noqa: BLE001 - Redis away: its record lapses
+                logger.debug("Job %s: run record not marked claimed (%s)", self.job_id, exc)
+        return written
+
+    def succeed(self, run_seconds: float, result: Any) -> bool:
+        """The run's success in the one write of an unclaimed run."""
+        return ledger.succeed_unclaimed(
+            job_id=self.job_id,
+            attempts=self.attempts,
+            lease_owner=self.lease_owner,
+            started=self.started,
+            run_seconds=run_seconds,
+            result=result,
+        )
+
+
 @dataclass(eq=False)
 class Hold:
     """One run's claim on a job, as its process sees it."""
@@ -90,6 +132,11 @@ class Hold:
     on_renew: Callable[[], None] | None = None  # renews what the run holds with it (a slot)
     told: bool = False  # LeaseLost was raised in the run (by a check or by the renewer's stop)
     renewing: bool = False  # a renewal of it is under way (the renewals thread has it)
+    # DEFER_CLAIM: the claim this run has not written yet (jobs.ledger.deferred); None once
+    # written (or the finish wrote in its place), or never deferred. Taken under `claiming`:
+    # the run's finish and the renewer race for it.
+    write_claim: DeferredClaim | None = None
+    claiming: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def deadline(self) -> float:
@@ -120,6 +167,32 @@ class Hold:
         )
         count(f"lost:{cause.replace(' ', '_')}")
         return True
+
+    def take_deferred(self, write: Callable[[DeferredClaim], bool]) -> bool | None:
+        """Hand the deferred claim (once) to `write`, which writes it, or the run's finish in
+        its place: its answer, or None when there is none left (written already, or never
+        deferred). A write that raises leaves it to the next try."""
+        with self.claiming:
+            deferred = self.write_claim
+            if deferred is None:
+                return None
+            started = time.monotonic()
+            written = write(deferred)
+            self.write_claim = None
+            if written:
+                self.confirmed = started
+            return written
+
+    def claim_now(self) -> None:
+        """Write the deferred claim before a write that needs the claim row (progress, an
+        effect, a step, a child, the outcome of a failed run); LeaseLost if the row changed
+        since the delivery read it (cancelled, finished, taken by another run)."""
+        if self.write_claim is None:
+            return
+        if self.take_deferred(DeferredClaim.write) is False:
+            self.lose("taken over")
+            self.told = True
+            raise LeaseLost(self.job_id, self.lost or "taken over")
 
     def fence(self) -> None:
         """Confirm, inside the caller's transaction, that this run still holds its claim (the
@@ -292,12 +365,16 @@ class LeaseRenewer:
         started = hold.last_try = time.monotonic()
         try:
             close_old_connections()  # this thread's own connection, dropped if it broke
-            held = ledger.renew(
-                job_id=hold.job_id,
-                attempt=hold.attempt,
-                lease_seconds=hold.lease_seconds,
-                lease_owner=hold.lease_owner,
-            )
+            # a deferred claim is written at the first renewal (the run outlived a third of
+            # its lease); once written, renewals extend it
+            held = None if hold.released else hold.take_deferred(DeferredClaim.write)
+            if held is None:
+                held = ledger.renew(
+                    job_id=hold.job_id,
+                    attempt=hold.attempt,
+                    lease_seconds=hold.lease_seconds,
+                    lease_owner=hold.lease_owner,
+                )
         except Exception as exc:  # noqa: BLE001 - the next renewal may succeed before the deadline
             hold.failures += 1
             logger.warning(

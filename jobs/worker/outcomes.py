@@ -94,13 +94,21 @@ def succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> Non
         backend = getattr(task, "backend", None)
         if backend is not None:  # as Celery stores it: a returned AsyncResult as its id tuple
             kept = backend.prepare_value(kept)
-        written = ledger.succeed(
-            job_id=job_id_of(task),
-            attempt=attempt,
-            run_seconds=duration,
-            result=kept,
-            lease_owner=lease_owner(task),
+        hold = getattr(task.request, "_backlot_hold", None)
+        # DEFER_CLAIM: a run that did not write its claim succeeds in its one write
+        written = (
+            hold.take_deferred(lambda deferred: deferred.succeed(duration, kept))
+            if hold is not None
+            else None
         )
+        if written is None:
+            written = ledger.succeed(
+                job_id=job_id_of(task),
+                attempt=attempt,
+                run_seconds=duration,
+                result=kept,
+                lease_owner=lease_owner(task),
+            )
         if not written:
             lost(task, "succeed", attempt)
     send_event(events.job_succeeded, task, attempt, duration=duration, result=result)

@@ -43,6 +43,12 @@ class ProgressThrottle:
         hold = self.hold
         if hold is not None and (hold.lost or now >= hold.deadline):
             self._lost(hold)
+        if hold is not None and hold.write_claim is not None:
+            try:
+                hold.claim_now()  # a deferred claim is written before the run's first progress
+            except LeaseLost:
+                refused("progress", hold.job_id, hold.attempt)
+                raise
         with self.lock:
             if final or now - self.last_write >= self.interval:
                 self._cancel_timer()

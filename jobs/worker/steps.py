@@ -142,6 +142,7 @@ def _write(hold: Hold, write: Callable[..., bool], what: str, **values: Any) -> 
     """A fenced step write of this run; LeaseLost when the run no longer holds the job."""
     try:
         hold.check()
+        hold.claim_now()  # a deferred claim is written before the run's first step write
     except LeaseLost:
         refused(what, hold.job_id, hold.attempt)
         raise

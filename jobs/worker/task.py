@@ -313,6 +313,9 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         if now - getattr(request, "_backlot_cancel_checked", 0.0) < CANCEL_CHECK_INTERVAL:
             return False
         request._backlot_cancel_checked = now  # type: ignore[attr-defined]
+        hold = getattr(request, "_backlot_hold", None)
+        if hold is not None:
+            hold.claim_now()  # a deferred claim is written: a cancel then finds the run running
         asked = outcomes.cancel_seen(str(request.id))
         request._backlot_cancelled = asked  # type: ignore[attr-defined]
         return asked

@@ -34,6 +34,7 @@ from typing import Any
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from jobs import ledger
+from jobs.broker import running
 from jobs.worker.lease import renewer
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,9 @@ def _restart(run: _Run) -> None:
         ledger.renew(
             job_id=run.job_id, attempt=run.attempt, lease_seconds=-1, lease_owner=run.lease_owner
         )
+    with contextlib.suppress(Exception):  # DEFER_CLAIM: an unclaimed run's record lapses too
+        if run.lease_owner is not None:
+            running.lapse(run.job_id, run.lease_owner)
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()

@@ -64,6 +64,22 @@ WRITES: dict[str, Callable[[Job], Any]] = {
     "renew": lambda job: ledger.renew(job_id=str(job.id), attempt=1, lease_seconds=30),
     "progress": lambda job: ledger.progress(job_id=str(job.id), done=3, total=9, message="m"),
     "succeed": lambda job: ledger.succeed(job_id=str(job.id), attempt=1, run_seconds=0.1),
+    # DEFER_CLAIM: the row as the delivery read it, attempt count 1
+    "claim_deferred": lambda job: ledger.claim_deferred(
+        job_id=str(job.id),
+        attempts=1,
+        lease_owner=str(uuid.uuid4()),
+        started=timezone.now(),
+        lease_seconds=30,
+    ),
+    "succeed_unclaimed": lambda job: ledger.succeed_unclaimed(
+        job_id=str(job.id),
+        attempts=1,
+        lease_owner=str(uuid.uuid4()),
+        started=timezone.now(),
+        run_seconds=0.1,
+    ),
+    "run_lost": lambda job: ledger.run_lost(job_id=str(job.id), lease_owner=str(uuid.uuid4())),
     "retry_later": lambda job: ledger.retry_later(
         job_id=str(job.id),
         attempt=1,

@@ -33,6 +33,7 @@ TASKS: dict[str, PlatformTask[Any, Any]] = {
     "flaky": fault_jobs.flaky,
     "soft_stop": fault_jobs.soft_stop,
     "stubborn": fault_jobs.stubborn,
+    "quick": fault_jobs.quick,
 }
 
 

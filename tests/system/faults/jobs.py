@@ -68,6 +68,18 @@ def effect(self: Any, run: str, item: int, seconds: float = 0.0) -> int:
     return item
 
 
+@job(name="faults.quick", bind=True, time_limit=120, retry=QUICK_RETRY)
+def quick(self: Any, run: str, item: int, seconds: float = 0.0, fail: bool = False) -> int:
+    """Counts its run, works for `seconds` on its first run, returns: no ledger write of its
+    own (DEFER_CLAIM's short job); `fail` raises a retryable error on its first run."""
+    runs = count_run(run, item)
+    if seconds and runs == 1:
+        time.sleep(seconds)
+    if fail and runs == 1:
+        raise ConnectionError(f"quick {item} fails its first run")
+    return item
+
+
 @job(name="faults.slow", bind=True, time_limit=120, retry=QUICK_RETRY)
 def slow(self: Any, run: str, item: int, seconds: float) -> int:
     """A long job (SIGTERM tests): counts its start, sleeps, applies its effect once."""

@@ -1,0 +1,117 @@
+"""Runs that have not written their claim yet (DEFER_CLAIM): a record per job in Redis.
+
+With DEFER_CLAIM a short job writes the ledger once, at its finish (jobs.ledger.claim's
+deferred claim). Until a run writes its claim row, this record is what says the job runs:
+
+- `backlot:run:<job id>`, a hash {token, until (ms, Redis' clock), claimed}, written by the
+  delivery in one script that also tells whether another run holds the job (`busy`: its lease
+  has not lapsed), or held it and vanished without finishing (`lapsed`: a crash, which the
+  delivery records in the ledger before it claims, so the crash is counted);
+- `claimed` is set once the run wrote its claim row (it outlived its first lease interval, or
+  called progress(), an effect, a step or enqueued a child): from then on the ledger's lease
+  decides, and a later delivery takes the claim path (`claimed`);
+- the run's end deletes it (only its own: the token must match).
+
+The status API reads it (`live`): a waiting row whose run started says running.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from jobs.broker.redis import redis_client, redis_text
+
+logger = logging.getLogger(__name__)
+
+PREFIX = "backlot:run:"
+# A record outlives its lease this long (ms), so that a crash is still seen by the next
+# delivery after the relay or the restore sent the job again.
+KEEP_MS = 24 * 3600 * 1000
+
+# KEYS[1] the record; ARGV: token, lease ms, keep ms. Returns ok | busy | claimed | lapsed;
+# but for busy the record is this delivery's from then on (claimed, past ok: it claims in the
+# ledger), so a record left by a vanished run is counted once and then dropped with this one.
+_START = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local v = redis.call('HMGET', KEYS[1], 'token', 'until', 'claimed')
+local reply = 'ok'
+if v[1] then
+  if v[3] == '1' then reply = 'claimed'
+  elseif tonumber(v[2]) > now then return 'busy'
+  else reply = 'lapsed' end
+end
+redis.call('HSET', KEYS[1], 'token', ARGV[1], 'until', now + tonumber(ARGV[2]))
+if reply == 'ok' then
+  redis.call('HDEL', KEYS[1], 'claimed')
+else
+  redis.call('HSET', KEYS[1], 'claimed', '1')  -- this delivery takes the claim path
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return reply
+"""
+
+# KEYS[1] the record; ARGV[1] token. Deletes it if it is this run's.
+_END = """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+# KEYS[1] the record; ARGV[1] token, ARGV[2] field, ARGV[3] value: set if it is this run's.
+_MARK = """
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  return redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+end
+return -1
+"""
+
+# KEYS: records. Returns the ones whose unclaimed run's lease has not lapsed (1/0 each).
+_LIVE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {}
+for i, key in ipairs(KEYS) do
+  local v = redis.call('HMGET', key, 'until', 'claimed')
+  out[i] = (v[1] and v[2] ~= '1' and tonumber(v[1]) > now) and 1 or 0
+end
+return out
+"""
+
+
+def _key(job_id: object) -> str:
+    return f"{PREFIX}{job_id}"
+
+
+def start(job_id: str, token: str, lease_seconds: float) -> str:
+    """Record this delivery's run of `job_id`: "ok" (recorded), "busy" (another run holds it),
+    "lapsed" (a run held it and ended without finishing: a crash) or "claimed" (a run wrote
+    its claim row: the ledger decides)."""
+    client = redis_client()
+    reply = client.eval(_START, 1, _key(job_id), token, int(lease_seconds * 1000), KEEP_MS)
+    return redis_text(reply)
+
+
+def end(job_id: str, token: str) -> None:
+    """The run is over (its outcome is in the ledger): drop its record."""
+    redis_client().eval(_END, 1, _key(job_id), token)
+
+
+def claimed(job_id: str, token: str) -> None:
+    """The run wrote its claim row: later deliveries take the ledger's claim path."""
+    redis_client().eval(_MARK, 1, _key(job_id), token, "claimed", "1")
+
+
+def lapse(job_id: str, token: str) -> None:
+    """The run's lease ends now (a watchdog's restart): the next delivery counts the crash."""
+    redis_client().eval(_MARK, 1, _key(job_id), token, "until", "0")
+
+
+def live(job_ids: Iterable[object]) -> set[str]:
+    """Those of `job_ids` whose run started and has not written its claim row yet (its lease
+    not lapsed): they run, though their rows still read waiting."""
+    ids = [str(job_id) for job_id in job_ids]
+    if not ids:
+        return set()
+    flags = redis_client().eval(_LIVE, len(ids), *[_key(job_id) for job_id in ids])
+    return {job_id for job_id, flag in zip(ids, flags, strict=True) if int(flag)}

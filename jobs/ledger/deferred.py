@@ -1,0 +1,197 @@
+"""The deferred claim (DEFER_CLAIM): a short job's run writes the ledger once, at its finish.
+
+A delivery reads its row (`peek`, no write) and records the run in Redis
+(jobs.broker.running); the run's success is then one UPDATE from the waiting state it read to
+succeeded (`succeed_unclaimed`), fenced by that state and attempt count: a row another run
+claimed, a cancel or a finish changed since the read is not written. A run that needs its
+claim row (it outlives its first lease interval, calls progress(), an effect, a step, enqueues
+a child, or fails) writes it first (`claim_deferred`), and from there is an ordinary claimed
+run (jobs.ledger.run). A run that vanished before either write is recorded by the next
+delivery (`run_lost`): running under a lapsed lease, which that delivery's claim takes over
+and counts as a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
+from django.utils import timezone
+
+from jobs.core.states import sources, target
+from jobs.ledger.busy import busy_retried
+from jobs.ledger.claim import EARLY_TOLERANCE, Claim
+from jobs.models import Job
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Peeked:
+    """A waiting row as a delivery read it: what the run needs, and the fence of its writes."""
+
+    claim: Claim
+    attempts: int  # the row's attempt count when read: the deferred writes match it
+
+
+def _q(name: str) -> str:
+    return connection.ops.quote_name(name)
+
+
+@functools.cache
+def _fields() -> dict[str, Any]:
+    return {f.name: f for f in Job._meta.fields}
+
+
+def _db(name: str, value: Any) -> Any:
+    return _fields()[name].get_db_prep_save(value, connection)
+
+
+def _id(job_id: str) -> Any:
+    return Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), connection)
+
+
+def _states(event: str) -> tuple[str, list[str]]:
+    states = [str(s) for s in sources(event)]
+    return ", ".join(["%s"] * len(states)), states
+
+
+def peek(*, job_id: str, token: str) -> Peeked | None:
+    """The row of `job_id` if a delivery may run it without writing its claim first: waiting,
+    due, not asked to stop, in no batch. None otherwise (the claim path decides)."""
+    sql = (
+        f"SELECT {_q('state')}, {_q('attempts')}, {_q('max_attempts')}, {_q('failures')}, "
+        f"{_q('owner_id')}, {_q('scheduled_for')}, {_q('cancel_requested_at')}, "
+        f"{_q('batch_id')} FROM {_q(Job._meta.db_table)} WHERE {_q('id')} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [_id(job_id)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    state, attempts, max_attempts, failures, owner_id, scheduled_for, cancel, batch_id = row
+    if state not in sources("claim_deferred") or cancel is not None or batch_id is not None:
+        return None
+    if scheduled_for is not None:
+        due = _fields()["scheduled_for"].from_db_value(scheduled_for, None, connection)
+        if isinstance(due, datetime) and due > timezone.now() + EARLY_TOLERANCE:
+            return None
+    if isinstance(failures, (str, bytes)):
+        failures = json.loads(failures)
+    claim = Claim(
+        str(job_id), attempts + 1, max_attempts, list(failures or []), owner_id, str(token)
+    )
+    return Peeked(claim, attempts)
+
+
+def _claim_sql(event: str, extra: str = "") -> str:
+    placeholders, _ = _states(event)
+    return (
+        f"UPDATE {_q(Job._meta.db_table)} SET {_q('state')} = %s, "
+        f"{_q('attempts')} = {_q('attempts')} + 1, {_q('deliveries')} = {_q('deliveries')} + 1, "
+        f"{_q('started_at')} = COALESCE({_q('started_at')}, %s), {_q('last_started_at')} = %s, "
+        f"{_q('lease_expires_at')} = %s, {_q('lease_owner')} = %s{extra} "
+        f"WHERE {_q('id')} = %s AND {_q('state')} IN ({placeholders}) AND {_q('attempts')} = %s"
+    )
+
+
+def _execute(sql: str, params: list[Any]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return int(cursor.rowcount)
+
+
+@busy_retried  # SQLite's "database is locked" is waited out
+def claim_deferred(
+    *, job_id: str, attempts: int, lease_owner: str, started: datetime, lease_seconds: float
+) -> bool:
+    """The run writes the claim it deferred: from the waiting state it read to running, with
+    its token and a lease from now. False when the row changed since (cancelled, finished,
+    claimed by another run): the run has lost its job."""
+    now = timezone.now()
+    _, states = _states("claim_deferred")
+    params = [
+        str(target("claim_deferred")),
+        _db("started_at", started),
+        _db("last_started_at", started),
+        _db("lease_expires_at", now + timedelta(seconds=lease_seconds)),
+        _db("lease_owner", uuid.UUID(str(lease_owner))),
+        _id(job_id),
+        *states,
+        int(attempts),
+    ]
+    return bool(_execute(_claim_sql("claim_deferred"), params))
+
+
+@busy_retried  # SQLite's "database is locked" is waited out
+def run_lost(*, job_id: str, lease_owner: str) -> bool:
+    """A run that started without writing its claim and vanished (its Redis record lapsed):
+    recorded as the claim it would have written, under a lease that has lapsed, so that the
+    delivery's claim that follows takes it over and counts the crash (jobs.ledger.claim)."""
+    now = timezone.now()
+    placeholders, states = _states("run_lost")
+    sql = (
+        f"UPDATE {_q(Job._meta.db_table)} SET {_q('state')} = %s, "
+        f"{_q('attempts')} = {_q('attempts')} + 1, "
+        f"{_q('started_at')} = COALESCE({_q('started_at')}, %s), {_q('last_started_at')} = %s, "
+        f"{_q('lease_expires_at')} = %s, {_q('lease_owner')} = %s "
+        f"WHERE {_q('id')} = %s AND {_q('state')} IN ({placeholders})"
+    )
+    params = [
+        str(target("run_lost")),
+        _db("started_at", now),
+        _db("last_started_at", now),
+        _db("lease_expires_at", now - timedelta(seconds=1)),
+        _db("lease_owner", uuid.UUID(str(lease_owner))),
+        _id(job_id),
+        *states,
+    ]
+    return bool(_execute(sql, params))
+
+
+@busy_retried  # SQLite's "database is locked" is waited out
+def succeed_unclaimed(
+    *,
+    job_id: str,
+    attempts: int,
+    lease_owner: str,
+    started: datetime,
+    run_seconds: float,
+    result: Any = None,
+) -> bool:
+    """A run that never wrote its claim succeeded: from the waiting state it read to
+    succeeded in one UPDATE (the claim's columns and the finish's). False when the row changed
+    since the delivery read it: nothing is written."""
+    try:
+        json.dumps(result, cls=DjangoJSONEncoder)
+    except (TypeError, ValueError):
+        logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
+        result = None
+    extra = (
+        f", {_q('finished_at')} = %s, {_q('run_seconds')} = %s, {_q('error')} = %s, "
+        f"{_q('result')} = %s"
+    )
+    _, states = _states("succeed_unclaimed")
+    params = [
+        str(target("succeed_unclaimed")),
+        _db("started_at", started),
+        _db("last_started_at", started),
+        None,  # lease_expires_at: the run is over
+        _db("lease_owner", uuid.UUID(str(lease_owner))),
+        _db("finished_at", timezone.now()),
+        _db("run_seconds", run_seconds),
+        "",
+        _db("result", result),
+        _id(job_id),
+        *states,
+        int(attempts),
+    ]
+    sql = _claim_sql("succeed_unclaimed", extra)
+    return bool(_execute(sql, params))

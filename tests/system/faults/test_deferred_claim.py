@@ -1,0 +1,158 @@
+"""DEFER_CLAIM (jobs.ledger.deferred, jobs.broker.running): a short job writes its ledger row
+once, at its finish, on a `-P solo` worker; a job that outlives the first third of its lease
+writes its claim then; the status API says running from the run's Redis record while the row
+is not written yet; a run that vanished unclaimed is counted as a worker crash and runs again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+from jobs.broker.redis import redis_client
+from jobs.models import Job, JobState
+from jobs.web.listing import job_status
+from tests.conftest import wait_until
+from tests.system.faults.conftest import runs, wait_finished
+
+UPDATES = "faults_job_updates"
+
+
+@pytest.fixture
+def updates_per_job(transactional_db: None) -> Iterator[Callable[[list[str]], Counter]]:
+    """Every UPDATE of a jobs_job row, counted per job by a trigger of the test's own."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {UPDATES} (job_id uuid)")
+        cursor.execute(f"TRUNCATE {UPDATES}")
+        cursor.execute(
+            "CREATE OR REPLACE FUNCTION faults_count_update() RETURNS trigger "
+            f"LANGUAGE plpgsql AS $$ BEGIN INSERT INTO {UPDATES} VALUES (NEW.id); "
+            "RETURN NULL; END $$"
+        )
+        cursor.execute(
+            "CREATE TRIGGER faults_count_update AFTER UPDATE ON jobs_job FOR EACH ROW "
+            "EXECUTE FUNCTION faults_count_update()"
+        )
+
+    def counted(ids: list[str]) -> Counter:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT job_id::text, count(*) FROM {UPDATES} WHERE job_id::text = ANY(%s) "
+                "GROUP BY job_id",
+                [ids],
+            )
+            return Counter(dict(cursor.fetchall()))
+
+    try:
+        yield counted
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS faults_count_update ON jobs_job")
+            cursor.execute("DROP FUNCTION IF EXISTS faults_count_update()")
+            cursor.execute(f"DROP TABLE IF EXISTS {UPDATES}")
+
+
+@pytest.mark.parametrize(("defer", "writes"), [("1", 1), ("", 2)], ids=["deferred", "claimed"])
+def test_a_short_job_writes_its_row_once_with_the_claim_deferred(
+    defer, writes, private_redis, start_fault_worker, client_procs, run_id, updates_per_job
+):
+    # given a solo worker, with the claim deferred or not
+    start_fault_worker("deferred", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM=defer)
+
+    # when short jobs run
+    ids = client_procs.enqueue("quick", run_id, 12)
+    wait_finished(ids, timeout=60, what="the short jobs")
+
+    # then each ran once and succeeded on its first attempt, with its start, end and result,
+    # and its row was written once after its INSERT (twice when the run writes its claim)
+    assert runs(run_id) == Counter(dict.fromkeys(range(12), 1))
+    for item, job in enumerate(Job.objects.filter(id__in=ids).order_by("enqueued_at", "id")):
+        assert job.state == JobState.SUCCEEDED, job.state
+        assert (job.attempts, job.deliveries, job.crashes) == (1, 1, 0)
+        assert job.started_at is not None and job.finished_at is not None
+        assert job.started_at <= job.finished_at
+        assert job.result == item and job.lease_expires_at is None
+    assert updates_per_job(ids) == Counter(dict.fromkeys(ids, writes))
+
+
+def test_a_job_that_outlives_its_first_interval_writes_its_claim_then(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker deferring claims, with 6 s leases (the first renewal at 2 s)
+    start_fault_worker(
+        "deferred-long",
+        pool="solo",
+        concurrency=1,
+        BACKLOT_DEFER_CLAIM="1",
+        BACKLOT_LEASE_SECONDS="6",
+    )
+
+    # when a job runs for 8 s
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 8})
+
+    # then its row says running, under a lease, while it runs; and it succeeds once
+    wait_until(
+        lambda: Job.objects.filter(
+            id=job_id, state=JobState.RUNNING, lease_expires_at__isnull=False
+        ).exists(),
+        timeout=30,
+        interval=0.2,
+        what="the long job's claim to be written",
+    )
+    wait_finished([job_id], timeout=60, what="the long job")
+    job = Job.objects.get(id=job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 1, 0)
+    assert runs(run_id) == Counter({0: 1})
+
+
+def test_the_status_api_says_running_before_the_row_is_written(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker deferring claims (30 s leases: the claim would be written at 10 s)
+    start_fault_worker("deferred-status", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1")
+    backlot = {**settings.BACKLOT, "REDIS_URL": private_redis.url, "DEFER_CLAIM": True}
+
+    # when a job runs for 4 s
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 4})
+    with override_settings(REDIS_URL=private_redis.url, BACKLOT=backlot):
+        redis_client.cache_clear()
+        try:
+            # then its status says running while it runs, though its row still waits
+            wait_until(
+                lambda: job_status(Job.objects.get(id=job_id))["state"] == JobState.RUNNING,
+                timeout=30,
+                interval=0.1,
+                what="the job's status to say running",
+            )
+            assert Job.objects.get(id=job_id).state == JobState.QUEUED
+            wait_finished([job_id], timeout=60, what="the job")
+            assert job_status(Job.objects.get(id=job_id))["state"] == JobState.SUCCEEDED
+        finally:
+            redis_client.cache_clear()
+
+
+def test_a_worker_killed_in_an_unclaimed_run_counts_a_crash_and_the_job_runs_again(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker deferring claims (9 s leases: the claim would be written at 3 s)
+    lease = {"BACKLOT_DEFER_CLAIM": "1", "BACKLOT_LEASE_SECONDS": "9"}
+    first = start_fault_worker("deferred-kill", pool="solo", concurrency=1, **lease)
+    client_procs.start_relay()
+
+    # when the worker is killed while a job's first run has not written its claim
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 60})
+    wait_until(lambda: runs(run_id)[0] == 1, timeout=30, interval=0.05, what="the run to start")
+    first.kill()
+    assert Job.objects.get(id=job_id).state == JobState.QUEUED  # nothing written by the run
+    start_fault_worker("deferred-next", pool="solo", concurrency=1, **lease)
+
+    # then the job runs again and succeeds, with the lost run counted as a worker crash
+    wait_finished([job_id], timeout=120, what="the job after the kill")
+    job = Job.objects.get(id=job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 2, 1)
+    assert runs(run_id) == Counter({0: 2})
