@@ -222,7 +222,8 @@ def _deferred(
     job_id = str(request.id)
     started = running.start(job_id, token, lease_seconds)
     if started == "busy":
-        return ledger.Dropped("duplicate")  # its run goes on elsewhere
+        logger.info("Job %s runs unclaimed elsewhere; duplicate delivery dropped", job_id)
+        return ledger.Dropped("duplicate")
     request._backlot_unclaimed = True  # its record is dropped when the delivery ends
     if started == "lapsed":
         # a run of this job started unclaimed and vanished (its worker died): recorded as a

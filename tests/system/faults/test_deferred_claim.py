@@ -156,3 +156,37 @@ def test_a_worker_killed_in_an_unclaimed_run_counts_a_crash_and_the_job_runs_aga
     job = Job.objects.get(id=job_id)
     assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 2, 1)
     assert runs(run_id) == Counter({0: 2})
+
+
+def test_a_second_delivery_during_an_unclaimed_run_is_dropped(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker deferring claims, running a job for 6 s without writing its claim
+    lease = {"BACKLOT_DEFER_CLAIM": "1"}
+    first = start_fault_worker("deferred-first", pool="solo", concurrency=1, **lease)
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 6})
+    wait_until(lambda: runs(run_id)[0] == 1, timeout=30, interval=0.05, what="the run to start")
+    assert Job.objects.get(id=job_id).state == JobState.QUEUED
+
+    # when a copy of its message reaches a second worker meanwhile (a duplicate, as a restore
+    # or a re-send racing the run would make)
+    second = start_fault_worker("deferred-second", pool="solo", concurrency=1, **lease)
+    first.probe.send_task(
+        "faults.quick",
+        kwargs={"run": run_id, "item": 0, "seconds": 6},
+        task_id=job_id,
+        queue="default",
+    )
+    wait_until(
+        lambda: "duplicate" in second.log_path.read_text(errors="replace")
+        or runs(run_id)[0] > 1,
+        timeout=30,
+        interval=0.1,
+        what="the second worker to take the copy",
+    )
+
+    # then the copy did not run: the job ran once and succeeded on its first attempt
+    wait_finished([job_id], timeout=60, what="the job")
+    job = Job.objects.get(id=job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 1, 0)
+    assert runs(run_id) == Counter({0: 1})
