@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
+import jobs
 from jobs.broker.redis import redis_client
 from jobs.models import Job, JobState
 from jobs.web.listing import job_status
@@ -178,8 +179,7 @@ def test_a_second_delivery_during_an_unclaimed_run_is_dropped(
         queue="default",
     )
     wait_until(
-        lambda: "duplicate" in second.log_path.read_text(errors="replace")
-        or runs(run_id)[0] > 1,
+        lambda: "duplicate" in second.log_path.read_text(errors="replace") or runs(run_id)[0] > 1,
         timeout=30,
         interval=0.1,
         what="the second worker to take the copy",
@@ -190,3 +190,31 @@ def test_a_second_delivery_during_an_unclaimed_run_is_dropped(
     job = Job.objects.get(id=job_id)
     assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 1, 0)
     assert runs(run_id) == Counter({0: 1})
+
+
+def test_a_cancel_during_an_unclaimed_run_stops_it_at_its_first_claim_write(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker deferring claims (6 s leases: its first claim write at 2 s), running
+    # a job for 60 s that has not written its claim
+    start_fault_worker(
+        "deferred-cancel",
+        pool="solo",
+        concurrency=1,
+        BACKLOT_DEFER_CLAIM="1",
+        BACKLOT_LEASE_SECONDS="6",
+    )
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 60})
+    wait_until(lambda: runs(run_id)[0] == 1, timeout=30, interval=0.05, what="the run to start")
+
+    # when it is cancelled
+    cancellation = jobs.cancel(job_id)
+
+    # then it reads cancelled at once, its run is stopped (the worker runs the next job long
+    # before the first one's 60 s), and nothing of the run is written over the cancellation
+    assert cancellation.state == JobState.CANCELLED
+    (next_id,) = client_procs.enqueue("quick", run_id, 1, start=1)
+    wait_finished([next_id], timeout=40, what="the job after the cancelled one")
+    job = Job.objects.get(id=job_id)
+    assert job.state == JobState.CANCELLED and job.result is None and job.run_seconds is None
+    assert runs(run_id) == Counter({0: 1, 1: 1})
