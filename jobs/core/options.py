@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -63,6 +63,35 @@ def check_arguments(task: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -
         header(*args, **kwargs)
     except TypeError as exc:
         raise InvalidArguments(f"{task.name}: {exc}; nothing was enqueued") from None
+
+
+def arguments_checker(task: Any) -> Callable[[Sequence[Any], Mapping[str, Any]], None]:
+    """check_arguments for many calls of one task, binding the signature once per shape.
+
+    Whether arguments bind to a signature (and the TypeError's text) depends only on how
+    many are positional and on the keyword names in their order, not on the values: calls of
+    one shape get the first one's verdict. A bulk replay's 10,000 rows share a shape or two.
+    Arguments that are not a list or tuple and a dict (a hand-edited row) are checked alone."""
+    verdicts: dict[tuple[int, tuple[Any, ...]], str | None] = {}
+
+    def check(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        if type(args) not in (list, tuple) or type(kwargs) is not dict:
+            check_arguments(task, args, kwargs)
+            return
+        shape = (len(args), tuple(kwargs))
+        try:
+            refused = verdicts[shape]
+        except KeyError:
+            try:
+                check_arguments(task, args, kwargs)
+                refused = None
+            except InvalidArguments as exc:
+                refused = str(exc)
+            verdicts[shape] = refused
+        if refused is not None:
+            raise InvalidArguments(refused)
+
+    return check
 
 
 def resolve_start(delay: float | None, eta: datetime | None, now: datetime) -> datetime | None:

@@ -17,7 +17,7 @@ from jobs import ledger
 from jobs.broker.broker import BULK_BATCH
 from jobs.core import context, events
 from jobs.core.exceptions import InvalidArguments, ReplayError, UnknownTask
-from jobs.core.options import check_arguments, replay_options
+from jobs.core.options import arguments_checker, replay_options
 from jobs.enqueue.submit import JobHandle, enqueue, enqueue_many
 from jobs.ledger import batch as batch_ledger
 from jobs.models import AuditEntry, DeadLetter, DeadLetterStatus
@@ -95,6 +95,7 @@ def dead_letter_replay_many(
     A replay of a dead batch member goes back to that member's batch instead (jobs.flow.batches).
     """
     outcome = BulkOutcome()
+    owner_model = DeadLetter._meta.get_field("owner").related_model
     ids = list(
         queryset.filter(status=DeadLetterStatus.DEAD)
         .order_by("pk")
@@ -103,22 +104,22 @@ def dead_letter_replay_many(
     for start in range(0, len(ids), BULK_BATCH):
         chunk = ids[start : start + BULK_BATCH]
         with transaction.atomic():
-            rows = list(
-                DeadLetter.objects.select_for_update(skip_locked=True, of=("self",))
-                .select_related("owner")
-                .filter(pk__in=chunk, status=DeadLetterStatus.DEAD)
-            )
+            rows = ledger.dead_letters_to_replay(pks=chunk)
             outcome.skipped += len(chunk) - len(rows)
-            members = batch_ledger.members_of_batches(rows)
             joining = context.JoiningBatch(str(batch)) if batch else context.joining_batch()
             # One bulk enqueue per task, priority, queue and owner: each replay keeps all four.
-            groups: dict[tuple[str, int, str, int | None, bool], list[DeadLetter]] = {}
+            groups: dict[tuple[str, int, str, int | None, bool], list[ledger.DeadToReplay]] = {}
             for row in rows:
-                key = (row.task_name, row.priority, row.queue, row.owner_id, row.pk in members)
+                key = (
+                    row.task_name,
+                    row.priority,
+                    row.queue,
+                    row.owner_id,
+                    row.batch_id is not None,
+                )
                 groups.setdefault(key, []).append(row)
-            replayed: list[int] = []
-            new_jobs: list[str] = []
-            for (task_name, priority, queue, _, member), grouped in groups.items():
+            replayed: list[ledger.Replayed] = []
+            for (task_name, priority, queue, owner_id, member), grouped in groups.items():
                 try:
                     task = task_by_name(task_name)
                 except UnknownTask as exc:
@@ -134,32 +135,44 @@ def dead_letter_replay_many(
                         task,
                         [(row.args, row.kwargs) for row in group],
                         priority=priority,
-                        owner=group[0].owner,
+                        # enqueue_many reads only the owner's pk: no query for the user
+                        owner=owner_model(pk=owner_id) if owner_id is not None else None,
                         queue=queue,
                         replay_of=[row.pk for row in group],
                         detached=True,
                     )
-                replayed += [row.pk for row in group]
-                new_jobs += job_ids
+                tracked = task.track
+                replayed += [
+                    ledger.Replayed(
+                        row.pk,
+                        job_id if tracked else None,
+                        row.steps_from if tracked else None,
+                        row.batch_id,
+                    )
+                    for row, job_id in zip(group, job_ids, strict=True)
+                ]
+                outcome.job_ids += job_ids
                 _announce(job_ids, [row.pk for row in group], by, task_name)
             added = joining.added if batch and joining is not None else 0
             if added and not batch_ledger.members_added(batch_id=batch, waiting=added):
                 raise ReplayError(f"Batch {batch} has ended; these replays were not sent")
-            ledger.dead_letters_replayed(pks=replayed, by=by)
+            ledger.dead_letters_replayed(replays=replayed, by=by)
             outcome.done += len(replayed)
-            outcome.job_ids += new_jobs
         if progress:
             progress(min(start + BULK_BATCH, len(ids)), len(ids), f"{outcome.done} replayed")
     return outcome
 
 
-def _fitting(task: Any, group: list[DeadLetter], outcome: BulkOutcome) -> list[DeadLetter]:
+def _fitting(
+    task: Any, group: list[ledger.DeadToReplay], outcome: BulkOutcome
+) -> list[ledger.DeadToReplay]:
     """The dead letters whose arguments fit the job's signature; the others are skipped with
     the reason (replay them one by one with fixed arguments), not the whole bulk replay."""
     fitting = []
+    check = arguments_checker(task)
     for row in group:
         try:
-            check_arguments(task, row.args, row.kwargs)
+            check(row.args, row.kwargs)
         except InvalidArguments as exc:
             outcome.errors.append(f"dead letter {row.pk}: {exc}")
             outcome.skipped += 1

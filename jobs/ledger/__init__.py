@@ -29,7 +29,14 @@ from jobs.ledger.cancel import (
 from jobs.ledger.claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
 from jobs.ledger.deferred import Peeked, claim_deferred, peek, run_lost, succeed_unclaimed
 from jobs.ledger.replace import REPLACED, replace, replaced_by_untracked, take_over
-from jobs.ledger.resolve import dead_letter_replayed, dead_letters_discarded, dead_letters_replayed
+from jobs.ledger.resolve import (
+    DeadToReplay,
+    Replayed,
+    dead_letter_replayed,
+    dead_letters_discarded,
+    dead_letters_replayed,
+    dead_letters_to_replay,
+)
 from jobs.ledger.run import (
     MAX_FAILURES_KEPT,
     Defaults,
@@ -57,10 +64,12 @@ __all__ = [
     "MAX_FAILURES_KEPT",
     "REPLACED",
     "Claim",
+    "DeadToReplay",
     "Defaults",
     "Dropped",
     "NewRow",
     "Peeked",
+    "Replayed",
     "busy_released",
     "cancel_discarded",
     "cancel_waiting",
@@ -72,6 +81,7 @@ __all__ = [
     "dead_letter_replayed",
     "dead_letters_discarded",
     "dead_letters_replayed",
+    "dead_letters_to_replay",
     "describe_exception",
     "give_up",
     "insert",

@@ -29,7 +29,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from jobs.core import events
-from jobs.core.states import BatchState, DeadLetterStatus, JobState, batch_sources, sources
+from jobs.core.states import BatchState, JobState, batch_sources, sources
 from jobs.models import Batch, DeadLetter, Job
 
 logger = logging.getLogger(__name__)
@@ -198,16 +198,14 @@ def member_replayed(*, dead_letter: DeadLetter, job_id: Any) -> None:
         _move("member_replayed", {"dead": -1, "pending": 1}, batch_id=batch_id)
 
 
-def members_replayed(*, pks: Iterable[int]) -> None:
-    """Dead letters `pks` were replayed in bulk (their new jobs point at them by replay_of):
-    each new job takes its dead member's place in that member's batch."""
-    by_batch: dict[Any, list[int]] = {}
-    for pk, batch_id in DeadLetter.objects.filter(
-        pk__in=list(pks), status=DeadLetterStatus.DEAD, job__batch__isnull=False
-    ).values_list("pk", "job__batch_id"):
-        by_batch.setdefault(batch_id, []).append(pk)
+def members_replayed(*, members: Iterable[tuple[Any, Any]]) -> None:
+    """Dead members were replayed in bulk: each (batch id, new job id) takes its dead
+    member's place in that batch."""
+    by_batch: dict[Any, list[Any]] = {}
+    for batch_id, job_id in members:
+        by_batch.setdefault(batch_id, []).append(job_id)
     for batch_id in sorted(by_batch, key=str):
-        moved = Job.objects.filter(replay_of_id__in=by_batch[batch_id], batch__isnull=True).update(
+        moved = Job.objects.filter(id__in=by_batch[batch_id], batch__isnull=True).update(
             batch_id=batch_id
         )
         if moved:
@@ -311,12 +309,3 @@ def _fire(batch_id: uuid.UUID, kind: str, now: datetime, unless_same_as: str = "
 
 
 # --- the finish writes that move a member's batch --------------------------------------------
-def members_of_batches(dead_letters: Iterable[DeadLetter]) -> set[int]:
-    """The pks of those dead letters whose job is a member of a batch (its replay goes back to
-    that batch: members_replayed)."""
-    pks = [d.pk for d in dead_letters]
-    if not pks:
-        return set()
-    return set(
-        DeadLetter.objects.filter(pk__in=pks, job__batch__isnull=False).values_list("pk", flat=True)
-    )

@@ -1,18 +1,24 @@
-"""Writes that resolve dead letters: replayed (one, or many in one UPDATE) or discarded."""
+"""Writes that resolve dead letters: replayed (one, or many in one UPDATE) or discarded, and
+the lock a bulk replay takes on its rows first."""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db.models import OuterRef, Subquery
+from django.db import connection
+from django.db.models import Case, Exists, F, OuterRef, Subquery, When
 from django.utils import timezone
 
 from jobs.core.states import DeadLetterStatus
 from jobs.ledger import batch
 from jobs.ledger.steps import steps_copied
-from jobs.models import DeadLetter, Job
+from jobs.models import DeadLetter, Job, JobStep
+from jobs.models.step import StepState
 
 logger = logging.getLogger(__name__)
 
@@ -37,22 +43,143 @@ def dead_letter_replayed(*, dead_letter: DeadLetter, job_id: str | None, by: Any
     )
 
 
-def dead_letters_replayed(*, pks: Sequence[int], by: Any = None) -> int:
-    """From dead to replayed for many rows in one UPDATE; each row's new job is the newest
-    job whose replay_of points at it."""
-    batch.members_replayed(pks=pks)
-    steps_copied(  # each new job keeps its dead job's finished steps (jobs.worker.steps)
-        pairs=Job.objects.filter(replay_of_id__in=pks).values_list("replay_of__job_id_value", "id")
+class DeadToReplay(NamedTuple):
+    """A dead letter locked for a bulk replay, with what its replay needs."""
+
+    pk: int
+    task_name: str
+    priority: int
+    queue: str
+    owner_id: int | None
+    args: Any
+    kwargs: Any
+    batch_id: Any  # the dead job's batch, when it was a member (its replay goes back to it)
+    steps_from: uuid.UUID | None  # the dead job, when it finished steps (its replay gets them)
+
+
+def dead_letters_to_replay(*, pks: Sequence[int]) -> list[DeadToReplay]:
+    """Those of dead letters `pks` still dead, locked for the caller's transaction; rows
+    another operator holds are skipped (their replay is his).
+
+    Tuples of the columns a replay reads, not model instances: instances with their owner
+    joined, and a query each for the batch members and the finished steps, were half of a
+    10,000-row bulk replay's time (cProfile). On PostgreSQL the pks go as one array: the ORM's
+    IN of 1,000 placeholders cost the client more than the server's lock of the rows."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _to_replay_sql(), [StepState.SUCCEEDED, list(pks), DeadLetterStatus.DEAD]
+            )
+            loads = json.loads  # args and kwargs come as text, as JSONField reads them
+            return [
+                DeadToReplay(pk, task, priority, queue, owner, loads(args), loads(kwargs), *rest)
+                for pk, task, priority, queue, owner, args, kwargs, *rest in cursor.fetchall()
+            ]
+    finished = JobStep.objects.finished().filter(job_id=OuterRef("job_id_value"))
+    rows = (
+        DeadLetter.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(pk__in=pks, status=DeadLetterStatus.DEAD)
+        .annotate(steps_from=Case(When(Exists(finished), then=F("job_id_value"))))
+        .order_by("pk")
+        .values_list(
+            "pk",
+            "task_name",
+            "priority",
+            "queue",
+            "owner_id",
+            "args",
+            "kwargs",
+            "job__batch_id",
+            "steps_from",
+        )
     )
-    return DeadLetter.objects.filter(pk__in=pks, status=DeadLetterStatus.DEAD).update(
+    return [DeadToReplay._make(row) for row in rows]
+
+
+@functools.cache
+def _to_replay_sql() -> str:
+    q = connection.ops.quote_name
+    dead, job, step = DeadLetter._meta, Job._meta, JobStep._meta
+    columns = ", ".join(
+        f"d.{q(dead.get_field(name).column)}"
+        for name in ("id", "task_name", "priority", "queue", "owner")
+    )
+    dead_job = f"d.{q(dead.get_field('job_id_value').column)}"
+    finished = (
+        f"SELECT FROM {q(step.db_table)} s WHERE s.{q(step.get_field('job').column)} = "
+        f"{dead_job} AND s.{q(step.get_field('state').column)} = %s"
+    )
+    return (
+        f"SELECT {columns}, d.{q('args')}::text, d.{q('kwargs')}::text, "
+        f"j.{q(job.get_field('batch').column)}, "
+        f"CASE WHEN EXISTS ({finished}) THEN {dead_job} END "
+        f"FROM {q(dead.db_table)} d "
+        f"LEFT JOIN {q(job.db_table)} j ON j.{q('id')} = d.{q(dead.get_field('job').column)} "
+        f"WHERE d.{q('id')} = ANY(%s) AND d.{q('status')} = %s "
+        f"ORDER BY d.{q('id')} FOR UPDATE OF d SKIP LOCKED"
+    )
+
+
+class Replayed(NamedTuple):
+    """A dead letter replayed in bulk (locked by dead_letters_to_replay) and its new job."""
+
+    pk: int
+    job_id: str | None  # None when the task keeps no ledger row (track=False)
+    steps_from: uuid.UUID | None  # the dead job whose finished steps the new job gets
+    batch_id: Any  # the dead job's batch: the new job takes its place
+
+
+def dead_letters_replayed(*, replays: Sequence[Replayed], by: Any = None) -> int:
+    """From dead to replayed for many rows in one UPDATE, each pointing at its new job."""
+    if not replays:
+        return 0
+    batch.members_replayed(
+        members=[(r.batch_id, r.job_id) for r in replays if r.batch_id and r.job_id]
+    )
+    # each new job keeps its dead job's finished steps (jobs.worker.steps)
+    steps_copied(pairs=[(r.steps_from, r.job_id) for r in replays if r.steps_from])
+    now, user = timezone.now(), _user(by)
+    if connection.vendor == "postgresql":
+        # one array per column: the ORM's IN of 1,000 placeholders, and a subquery for each
+        # row's new job, cost more on the client than the UPDATE on the server
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _replayed_sql(),
+                [
+                    DeadLetterStatus.REPLAYED,
+                    now,
+                    getattr(user, "pk", None),
+                    [r.pk for r in replays],
+                    [r.job_id for r in replays],
+                    DeadLetterStatus.DEAD,
+                ],
+            )
+            return cursor.rowcount
+    return DeadLetter.objects.filter(
+        pk__in=[r.pk for r in replays], status=DeadLetterStatus.DEAD
+    ).update(
         status=DeadLetterStatus.REPLAYED,
         replayed_job_id=Subquery(
             Job.objects.filter(replay_of_id=OuterRef("pk"))
             .order_by("-enqueued_at")
             .values("id")[:1]
         ),
-        resolved_at=timezone.now(),
-        resolved_by=_user(by),
+        resolved_at=now,
+        resolved_by=user,
+    )
+
+
+@functools.cache
+def _replayed_sql() -> str:
+    q = connection.ops.quote_name
+    dead = DeadLetter._meta
+    return (
+        f"UPDATE {q(dead.db_table)} d SET {q('status')} = %s, "
+        f"{q(dead.get_field('resolved_at').column)} = %s, "
+        f"{q(dead.get_field('resolved_by').column)} = %s, "
+        f"{q(dead.get_field('replayed_job').column)} = r.job "
+        f"FROM unnest(%s::bigint[], %s::uuid[]) AS r(id, job) "
+        f"WHERE d.{q('id')} = r.id AND d.{q('status')} = %s"
     )
 
 
