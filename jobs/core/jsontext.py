@@ -18,13 +18,16 @@ Dumps = Callable[[Any], str]
 _PROBE = [1, 2.5, -(10**30), True, None, {"é\n": ["ü", {"a": []}]}, "\\ \"'", ""]
 
 
-def dumper(default: Callable[[Any], Any] | None = None) -> Dumps:
-    """A function returning json.dumps(value, default=default)'s text (ensure_ascii, ", " and
-    ": "), without json.dumps's per-call set-up. It keeps no state between calls (thread-safe)
-    and checks no circular references: a value that contains itself raises RecursionError
-    where json.dumps raises ValueError (both refuse it). Where the interpreter has no C encoder
-    (or a different one), it is json.dumps's own encoder."""
-    encoder = json.JSONEncoder(default=default)
+def dumper(
+    default: Callable[[Any], Any] | None = None, separators: tuple[str, str] | None = None
+) -> Dumps:
+    """A function returning json.dumps(value, default=default, separators=separators)'s text
+    (ensure_ascii; ", " and ": " unless `separators` says otherwise), without json.dumps's
+    per-call set-up. It keeps no state between calls (thread-safe) and checks no circular
+    references: a value that contains itself raises RecursionError where json.dumps raises
+    ValueError (both refuse it). Where the interpreter has no C encoder (or a different one),
+    it is json.dumps's own encoder."""
+    encoder = json.JSONEncoder(default=default, separators=separators)
     make = getattr(json.encoder, "c_make_encoder", None)
     if make is None:
         return encoder.encode
@@ -54,3 +57,4 @@ def dumper(default: Callable[[Any], Any] | None = None) -> Dumps:
 
 
 dumps = dumper()
+compact = dumper(separators=(",", ":"))

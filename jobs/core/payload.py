@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
+from jobs.core import jsontext
 from jobs.core.exceptions import InvalidPayload, PayloadTooLarge
 
 _JSON_SCALARS = (str, int, float, bool, type(None))
@@ -45,7 +45,8 @@ def payload_check(*, task_name: str, args: tuple | list, kwargs: dict, max_bytes
     found = _find_non_json(list(args), "args") or _find_non_json(kwargs, "kwargs")
     if found:
         raise InvalidPayload(f"Cannot enqueue {task_name}: {found}.")
-    size = len(json.dumps([list(args), kwargs], separators=(",", ":")).encode())
+    # ASCII (ensure_ascii): its length is its size in bytes
+    size = len(jsontext.compact([list(args), kwargs]))
     if size > max_bytes:
         raise PayloadTooLarge(
             f"Cannot enqueue {task_name}: arguments are {size} bytes as JSON, over the "

@@ -24,6 +24,7 @@ from jobs.core import context, events, tracing
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable
 from jobs.core.options import (
+    arguments_checker,
     check_arguments,
     check_priority,
     check_queue,
@@ -327,9 +328,10 @@ def enqueue_many(
     max_bytes = backlot_settings().MAX_PAYLOAD_BYTES
     links: list[int | None] = list(replay_of) if replay_of is not None else [None] * len(calls)
     rows = []
+    check = arguments_checker(task)  # the signature bound once per shape of arguments
     for (call_args, call_kwargs), link in zip(calls, links, strict=True):
         args, kwargs = list(call_args), dict(call_kwargs)
-        check_arguments(task, args, kwargs)
+        check(args, kwargs)
         payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
         rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
     # routed by the first call's arguments (a fan-out's calls share one queue)
