@@ -10,15 +10,19 @@ deferred claim). Until a run writes its claim row, this record is what says the 
 - `claimed` is set once the run wrote its claim row (it outlived its first lease interval, or
   called progress(), an effect, a step or enqueued a child): from then on the ledger's lease
   decides, and a later delivery takes the claim path (`claimed`);
-- the run's end deletes it (only its own: the token must match).
+- a failed or stopped run's end deletes it (only its own: the token must match); a success
+  leaves it to expire (KEEP_MS past its lease: a duplicate of the finished job meanwhile is
+  dropped as `busy`, or finds the row finished), one Redis call fewer per short job.
 
 The status API reads it (`live`): a waiting row whose run started says running.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from jobs.broker.redis import redis_client, redis_text
 
@@ -26,8 +30,9 @@ logger = logging.getLogger(__name__)
 
 PREFIX = "backlot:run:"
 # A record outlives its lease this long (ms), so that a crash is still seen by the next
-# delivery after the relay or the restore sent the job again.
-KEEP_MS = 24 * 3600 * 1000
+# delivery after the restore (seconds) or the relay's reconcile of a lost message (15 s) sent
+# the job again; past it, a crash goes uncounted (the job still runs again).
+KEEP_MS = 10 * 60 * 1000
 
 # KEYS[1] the record; ARGV: token, lease ms, keep ms. Returns ok | busy | claimed | lapsed;
 # but for busy the record is this delivery's from then on (claimed, past ok: it claims in the
@@ -83,28 +88,38 @@ def _key(job_id: object) -> str:
     return f"{PREFIX}{job_id}"
 
 
+@functools.cache
+def _script(source: str) -> Any:
+    """The script, sent once and then called by its SHA (EVALSHA; redis-py loads it again
+    after a SCRIPT FLUSH or a restart), on the client each call passes."""
+    return redis_client().register_script(source)
+
+
 def start(job_id: str, token: str, lease_seconds: float) -> str:
     """Record this delivery's run of `job_id`: "ok" (recorded), "busy" (another run holds it),
     "lapsed" (a run held it and ended without finishing: a crash) or "claimed" (a run wrote
     its claim row: the ledger decides)."""
-    client = redis_client()
-    reply = client.eval(_START, 1, _key(job_id), token, int(lease_seconds * 1000), KEEP_MS)
+    reply = _script(_START)(
+        keys=[_key(job_id)],
+        args=[token, int(lease_seconds * 1000), KEEP_MS],
+        client=redis_client(),
+    )
     return redis_text(reply)
 
 
 def end(job_id: str, token: str) -> None:
     """The run is over (its outcome is in the ledger): drop its record."""
-    redis_client().eval(_END, 1, _key(job_id), token)
+    _script(_END)(keys=[_key(job_id)], args=[token], client=redis_client())
 
 
 def claimed(job_id: str, token: str) -> None:
     """The run wrote its claim row: later deliveries take the ledger's claim path."""
-    redis_client().eval(_MARK, 1, _key(job_id), token, "claimed", "1")
+    _script(_MARK)(keys=[_key(job_id)], args=[token, "claimed", "1"], client=redis_client())
 
 
 def lapse(job_id: str, token: str) -> None:
     """The run's lease ends now (a watchdog's restart): the next delivery counts the crash."""
-    redis_client().eval(_MARK, 1, _key(job_id), token, "until", "0")
+    _script(_MARK)(keys=[_key(job_id)], args=[token, "until", "0"], client=redis_client())
 
 
 def live(job_ids: Iterable[object]) -> set[str]:
@@ -113,5 +128,5 @@ def live(job_ids: Iterable[object]) -> set[str]:
     ids = [str(job_id) for job_id in job_ids]
     if not ids:
         return set()
-    flags = redis_client().eval(_LIVE, len(ids), *[_key(job_id) for job_id in ids])
+    flags = _script(_LIVE)(keys=[_key(job_id) for job_id in ids], client=redis_client())
     return {job_id for job_id, flag in zip(ids, flags, strict=True) if int(flag)}

@@ -49,8 +49,11 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         held.release()
         if getattr(task.request, "_backlot_unclaimed", False):  # DEFER_CLAIM's record
             task.request._backlot_unclaimed = False
-            with contextlib.suppress(RedisError):  # it lapses; the next delivery reads the row
-                running.end(str(task.request.id), getattr(task.request, outcomes.CLAIM_TOKEN))
+            hold = getattr(task.request, "_backlot_hold", None)
+            # a success in its one write leaves its record to expire (jobs.broker.running)
+            if hold is None or not hold.finished_unclaimed:
+                with contextlib.suppress(RedisError):  # it lapses; the next delivery reads the row
+                    running.end(str(task.request.id), getattr(task.request, outcomes.CLAIM_TOKEN))
 
 
 def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:

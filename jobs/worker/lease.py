@@ -137,6 +137,7 @@ class Hold:
     # the run's finish and the renewer race for it.
     write_claim: DeferredClaim | None = None
     claiming: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    finished_unclaimed: bool = False  # its success was its one write (DEFER_CLAIM)
 
     @property
     def deadline(self) -> float:

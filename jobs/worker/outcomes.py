@@ -101,6 +101,8 @@ def succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> Non
             if hold is not None
             else None
         )
+        if written and hold is not None:
+            hold.finished_unclaimed = True
         if written is None:
             written = ledger.succeed(
                 job_id=job_id_of(task),
