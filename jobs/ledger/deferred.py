@@ -18,12 +18,13 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from jobs.core.states import sources, target
 from jobs.ledger.busy import busy_retried
@@ -79,16 +80,23 @@ def peek(*, job_id: str, token: str) -> Peeked | None:
     state, attempts, max_attempts, failures, owner_id, scheduled_for, cancel, batch_id = row
     if state not in sources("claim_deferred") or cancel is not None or batch_id is not None:
         return None
-    if scheduled_for is not None:
-        due = _fields()["scheduled_for"].from_db_value(scheduled_for, None, connection)
-        if isinstance(due, datetime) and due > timezone.now() + EARLY_TOLERANCE:
-            return None
+    if scheduled_for is not None and _aware(scheduled_for) > timezone.now() + EARLY_TOLERANCE:
+        return None
     if isinstance(failures, (str, bytes)):
         failures = json.loads(failures)
     claim = Claim(
         str(job_id), attempts + 1, max_attempts, list(failures or []), owner_id, str(token)
     )
     return Peeked(claim, attempts)
+
+
+def _aware(value: datetime | str) -> datetime:
+    """A timestamp column as read by a raw cursor: a datetime (PostgreSQL), or SQLite's text
+    of a naive UTC time."""
+    when = value if isinstance(value, datetime) else parse_datetime(value)
+    if when is None:
+        raise ValueError(f"not a timestamp: {value!r}")
+    return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
 
 
 def _claim_sql(event: str, extra: str = "") -> str:

@@ -218,3 +218,20 @@ def test_a_cancel_during_an_unclaimed_run_stops_it_at_its_first_claim_write(
     job = Job.objects.get(id=job_id)
     assert job.state == JobState.CANCELLED and job.result is None and job.run_seconds is None
     assert runs(run_id) == Counter({0: 1, 1: 1})
+
+
+def test_a_retried_job_fails_then_succeeds_with_the_claim_deferred(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker deferring claims
+    start_fault_worker("deferred-retry", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1")
+
+    # when a job fails its first run (a retryable error) and is retried
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"fail": True})
+
+    # then its second run, delivered to a retrying row that is due, succeeds
+    wait_finished([job_id], timeout=60, what="the retried job")
+    job = Job.objects.get(id=job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 2, 0)
+    assert [failure["attempt"] for failure in job.failures] == [1]
+    assert runs(run_id) == Counter({0: 2})
