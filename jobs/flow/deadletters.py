@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from jobs import ledger
@@ -95,7 +96,7 @@ def dead_letter_replay_many(
     A replay of a dead batch member goes back to that member's batch instead (jobs.flow.batches).
     """
     outcome = BulkOutcome()
-    owner_model = DeadLetter._meta.get_field("owner").related_model
+    owner_model = get_user_model()  # DeadLetter.owner's
     ids = list(
         queryset.filter(status=DeadLetterStatus.DEAD)
         .order_by("pk")

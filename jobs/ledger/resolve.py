@@ -99,22 +99,18 @@ def dead_letters_to_replay(*, pks: Sequence[int]) -> list[DeadToReplay]:
 @functools.cache
 def _to_replay_sql() -> str:
     q = connection.ops.quote_name
-    dead, job, step = DeadLetter._meta, Job._meta, JobStep._meta
     columns = ", ".join(
-        f"d.{q(dead.get_field(name).column)}"
-        for name in ("id", "task_name", "priority", "queue", "owner")
+        f"d.{q(name)}" for name in ("id", "task_name", "priority", "queue", "owner_id")
     )
-    dead_job = f"d.{q(dead.get_field('job_id_value').column)}"
     finished = (
-        f"SELECT FROM {q(step.db_table)} s WHERE s.{q(step.get_field('job').column)} = "
-        f"{dead_job} AND s.{q(step.get_field('state').column)} = %s"
+        f"SELECT FROM {q(JobStep._meta.db_table)} s "
+        f"WHERE s.{q('job_id')} = d.{q('job_id_value')} AND s.{q('state')} = %s"
     )
     return (
-        f"SELECT {columns}, d.{q('args')}::text, d.{q('kwargs')}::text, "
-        f"j.{q(job.get_field('batch').column)}, "
-        f"CASE WHEN EXISTS ({finished}) THEN {dead_job} END "
-        f"FROM {q(dead.db_table)} d "
-        f"LEFT JOIN {q(job.db_table)} j ON j.{q('id')} = d.{q(dead.get_field('job').column)} "
+        f"SELECT {columns}, d.{q('args')}::text, d.{q('kwargs')}::text, j.{q('batch_id')}, "
+        f"CASE WHEN EXISTS ({finished}) THEN d.{q('job_id_value')} END "
+        f"FROM {q(DeadLetter._meta.db_table)} d "
+        f"LEFT JOIN {q(Job._meta.db_table)} j ON j.{q('id')} = d.{q('job_id')} "
         f"WHERE d.{q('id')} = ANY(%s) AND d.{q('status')} = %s "
         f"ORDER BY d.{q('id')} FOR UPDATE OF d SKIP LOCKED"
     )
@@ -172,12 +168,9 @@ def dead_letters_replayed(*, replays: Sequence[Replayed], by: Any = None) -> int
 @functools.cache
 def _replayed_sql() -> str:
     q = connection.ops.quote_name
-    dead = DeadLetter._meta
     return (
-        f"UPDATE {q(dead.db_table)} d SET {q('status')} = %s, "
-        f"{q(dead.get_field('resolved_at').column)} = %s, "
-        f"{q(dead.get_field('resolved_by').column)} = %s, "
-        f"{q(dead.get_field('replayed_job').column)} = r.job "
+        f"UPDATE {q(DeadLetter._meta.db_table)} d SET {q('status')} = %s, "
+        f"{q('resolved_at')} = %s, {q('resolved_by_id')} = %s, {q('replayed_job_id')} = r.job "
         f"FROM unnest(%s::bigint[], %s::uuid[]) AS r(id, job) "
         f"WHERE d.{q('id')} = r.id AND d.{q('status')} = %s"
     )
