@@ -26,16 +26,17 @@ from jobs.worker.redelivery import Runnable, request_priority, request_queue
 logger = logging.getLogger(__name__)
 
 # Deliveries by what the claim made of them (a hash: outcome -> count; read by /metrics):
-# "claimed", "duplicate", "early", "missing", "adopted_elsewhere", "requeued" (the ledger
-# could not be reached), "rate_limited" (re-sent for its turn).
+# "claimed", "deferred" (run without writing its claim: DEFER_CLAIM), "duplicate", "early",
+# "missing", "adopted_elsewhere", "requeued" (the ledger could not be reached), "rate_limited"
+# (re-sent for its turn).
 DELIVERIES = "backlot:metrics:deliveries"
 
 
 def count_delivery(outcome: str) -> None:
-    """Count a delivery by what its claim made of it (jobs.broker.counters): a claimed one (every
-    job's) goes out with its finish's counts, the others at once."""
+    """Count a delivery by what its claim made of it (jobs.broker.counters): a claimed or deferred
+    one (every job's) goes out with its finish's counts, the others at once."""
     counters.add(DELIVERIES, outcome)
-    if outcome != "claimed":
+    if outcome not in ("claimed", "deferred"):
         counters.flush()
 
 

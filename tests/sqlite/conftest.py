@@ -43,7 +43,7 @@ class SQLiteWorker(PlatformWorker):
     """A real worker of this project on the suite's SQLite file and private Redis; readiness
     is asked over that Redis (the pytest process's Celery app talks to the shared one)."""
 
-    def __init__(self, name: str, env: dict[str, str], control: Any) -> None:
+    def __init__(self, name: str, env: dict[str, str], control: Any, pool: str = "") -> None:
         self.control = control
         super().__init__(
             "config",
@@ -61,6 +61,7 @@ class SQLiteWorker(PlatformWorker):
                 "--without-heartbeat",
                 "-l",
                 "INFO",
+                *(["-P", pool] if pool else []),
             ],
             ready_timeout=90,
         )
@@ -137,17 +138,24 @@ class SQLiteSite:
     """What the tests get: the database file, the driver, the private Redis and its marks."""
 
     def __init__(
-        self, path: Path, driver: Driver, broker: PrivateRedis, env: dict[str, str], control: Any
+        self,
+        path: Path,
+        driver: Driver,
+        broker: PrivateRedis,
+        env: dict[str, str],
+        control: Any,
+        workers: list[SQLiteWorker],
     ) -> None:
         self.path = path
+        self.workers = workers  # the site's own (2 x -c 2)
         self.driver = driver
         self.redis = broker.client
         self.env = env  # DATABASE_URL (the SQLite file) and REDIS_URL (the private Redis)
         self.control = control
 
-    def start_worker(self, name: str) -> SQLiteWorker:
+    def start_worker(self, name: str, pool: str = "", **env: str) -> SQLiteWorker:
         """One more worker on the site (stopped by the caller)."""
-        return SQLiteWorker(name, self.env, self.control)
+        return SQLiteWorker(name, {**self.env, **env}, self.control, pool)
 
     def marks(self, key: str) -> list[tuple[float, str]]:
         out = []
@@ -206,7 +214,7 @@ def sqlite_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteSite
         _migrate(env)
         driver = Driver(env)
         workers = [SQLiteWorker(f"sqlite{n}", env, control) for n in range(WORKERS)]
-        yield SQLiteSite(path, driver, broker, env, control)
+        yield SQLiteSite(path, driver, broker, env, control, workers)
     finally:
         stopping = [threading.Thread(target=worker.stop) for worker in workers]
         for thread in stopping:  # side by side: each stop waits for its worker's shutdown

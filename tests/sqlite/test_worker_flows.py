@@ -9,6 +9,7 @@ import sqlite3
 import time
 
 from jobs.testing import wait_until
+from jobs.worker.outcomes import DELIVERIES
 from tests.sqlite.conftest import BUSY_TIMEOUT, CONCURRENCY, WORKERS, SQLiteSite
 
 FINISHED = {"succeeded", "dead", "cancelled"}
@@ -166,3 +167,37 @@ def test_the_active_jobs_copy_follows_the_ledger_on_sqlite(site: SQLiteSite, uni
 
     # then no copy is left: every one of them ended
     assert site.driver("active", ids=[*many, single, later])["active"] == {}
+
+
+def test_short_jobs_succeed_in_one_write_with_the_claim_deferred_on_sqlite(
+    site: SQLiteSite, unique
+):
+    # given the site's prefork workers off the default queue, and a -P solo worker deferring
+    # its claims (BACKLOT['DEFER_CLAIM']: a short job's row is written once, at its finish)
+    names = [worker.name for worker in site.workers]
+    site.control.cancel_consumer("default", destination=names, reply=True, timeout=5)
+    deferred = site.start_worker("sqlite-deferred", pool="solo", BACKLOT_DEFER_CLAIM="1")
+    try:
+        before = int(site.redis.hget(DELIVERIES, "deferred") or 0)
+
+        # when short jobs run on it
+        ids = [site.driver.enqueue("tests.sqlite.note", unique, f"d{n}") for n in range(10)]
+        rows = site.driver.wait_states(ids, FINISHED, timeout=60, what="10 jobs, claim deferred")
+
+        # then each ran once and succeeded on its first attempt with its result, every one
+        # of them run without a claim write (the deliveries metric's "deferred" count)
+        assert [(r["state"], r["attempts"], r["deliveries"]) for r in rows] == [
+            ("succeeded", 1, 1)
+        ] * 10
+        assert sorted(r["result"] for r in rows) == sorted(f"d{n}" for n in range(10))
+        labels = [value.split(":")[0] for value in values(site, unique)]
+        assert sorted(labels) == sorted(f"d{n}" for n in range(10))
+        wait_until(
+            lambda: int(site.redis.hget(DELIVERIES, "deferred") or 0) - before == 10,
+            timeout=10,
+            interval=0.1,
+            what="10 deferred deliveries counted",
+        )
+    finally:
+        deferred.stop()
+        site.control.add_consumer("default", destination=names, reply=True, timeout=5)
