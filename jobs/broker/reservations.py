@@ -32,6 +32,7 @@ import secrets
 import threading
 import time
 import weakref
+from functools import cached_property
 from typing import Any
 
 import redis
@@ -40,6 +41,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
+from jobs.broker import counters
 from jobs.broker.redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
@@ -105,6 +107,43 @@ class ReservingQoS(kombu_redis.QoS):
             virtual.QoS.append(self, message, delivery_tag)
         return None
 
+    def ack(self, delivery_tag: str) -> None:
+        self._settle(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        if requeue:
+            return super().reject(delivery_tag, requeue=True)  # back to its queue, as kombu's
+        self._settle(delivery_tag)
+        return virtual.QoS.ack(self, delivery_tag)  # kombu's reject without requeue
+
+    def _settle(self, delivery_tag: str) -> None:
+        """kombu's Redis ack: the message out of `unacked` in one MULTI/EXEC, here with its
+        owner record (`_remove_from_indices`) and the metric counts this process's runs left
+        to it (jobs.broker.counters.carry()) when the broker's Redis is the platform's."""
+        pipe = self._remove_from_indices(delivery_tag)
+        counts = counters.take() if self.carries_counts else None
+        if counts is not None:
+            counters.write(pipe, counts)
+        try:
+            pipe.execute()
+        except BaseException:
+            if counts is not None:
+                counters.give_back(counts)
+            raise
+
+    @cached_property
+    def carries_counts(self) -> bool:
+        """Whether this channel's acks may write the platform's metric counts: the broker's
+        Redis is the platform's (same server and database, no key prefix, no Sentinel)."""
+        try:
+            channel: Any = self.channel  # kombu's Redis Channel (the stubs know the base)
+            return not channel.global_keyprefix and same_redis(
+                channel.pool, redis_client().connection_pool
+            )
+        except Exception:  # noqa: BLE001 - then the runs flush their counts themselves
+            return False
+
     def _remove_from_indices(self, delivery_tag: str, pipe: Any = None) -> Any:
         # Every ack, reject and restore of kombu's QoS goes through here (a private method
         # kombu's type stubs leave out).
@@ -142,6 +181,23 @@ class ReservingQoS(kombu_redis.QoS):
         return not getattr(self.channel, "closed", True)
 
 
+def carries_counts() -> bool:
+    """Whether this process's acknowledgements write the metric counts its runs hold (a
+    worker's main process on a Redis broker that is the platform's Redis: -P solo, threads)."""
+    return any(qos.carries_counts for qos in heartbeat.holders())
+
+
+def same_redis(one: redis.ConnectionPool, other: redis.ConnectionPool) -> bool:
+    """Whether two plain (not Sentinel) connection pools reach the same Redis database."""
+    if type(one) is not redis.ConnectionPool or type(other) is not redis.ConnectionPool:
+        return False
+    fields = ("host", "port", "path", "db", "username", "password")
+    mine, theirs = one.connection_kwargs, other.connection_kwargs
+    return all(mine.get(f) == theirs.get(f) for f in fields) and issubclass(
+        one.connection_class, redis.SSLConnection
+    ) == issubclass(other.connection_class, redis.SSLConnection)
+
+
 def plain_client(client: Any) -> redis.Redis:
     """A client on the broker's connection pool that does not prefix keys (kombu's
     PrefixedStrictRedis prefixes only some commands; the keys here carry the prefix)."""
@@ -175,6 +231,13 @@ class Heartbeat:
         if not issubclass(kombu_redis.Channel.QoS, ReservingQoS):
             kombu_redis.Channel.QoS = ReservingQoS
         return self.worker_id
+
+    def holders(self) -> list[ReservingQoS]:
+        """The holders of this worker process's open channels (none in its pool processes)."""
+        if self._pid != os.getpid():
+            return []
+        with self._lock:
+            return list(self._holders)
 
     def register(self, holder: ReservingQoS) -> str | None:
         """A new channel's holder id, beating at once: for STARTUP_TTL until the thread runs

@@ -24,7 +24,7 @@ from kombu.exceptions import KombuError
 from redis.exceptions import RedisError
 
 from jobs import ledger
-from jobs.broker import broker, running, slots
+from jobs.broker import broker, counters, reservations, running, slots
 from jobs.core import context, events, tracing
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable, JobCancelled, LeaseLost
@@ -43,6 +43,8 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
     """One delivery of a job (in its consumer span): pass its gate (a rate or concurrency
     slot), claim, run, record; the slot is freed once the outcome is in the ledger."""
     held = slots.Slots()
+    if reservations.carries_counts():  # this process acks the message: the ack writes the counts
+        counters.carry()
     try:
         return _run(task, args, kwargs, held)
     finally:

@@ -61,7 +61,7 @@ def record_outcome(
             counters.add(key, bound)
             counters.add_float(key, "sum", run_seconds)
             counters.add(key, "count")
-    counters.flush()
+    counters.flush_unless_carried()
 
 
 def finished_minute_key(at: float) -> str:

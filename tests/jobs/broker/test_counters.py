@@ -53,6 +53,24 @@ def test_a_failed_write_keeps_the_counts_for_the_next(key, monkeypatch):
     assert _read(key) == {"claimed": "2"}
 
 
+def test_counts_left_to_an_ack_wait_for_it_and_a_failed_ack_gives_them_back(key):
+    # given a run whose acknowledgement is to write its counts (a -P solo worker's)
+    counters.carry()
+    counters.add(key, "claimed")
+
+    # when its finish flushes, nothing is written: the ack carries them
+    counters.flush_unless_carried()
+    assert _read(key) == {}
+
+    # when the ack takes them and its MULTI/EXEC fails, they are held again, and the next
+    # flush (no ack pending now) writes them
+    taken = counters.take()
+    assert taken is not None and counters.take() is None
+    counters.give_back(taken)
+    counters.flush_unless_carried()
+    assert _read(key) == {"claimed": "1"}
+
+
 def test_a_process_writes_what_it_holds_when_it_exits(key):
     code = (
         f"import django; django.setup(); from jobs import counters; counters.add({key!r}, 'n', 5)"
