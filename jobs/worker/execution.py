@@ -32,7 +32,8 @@ from jobs.core.policies import RetryDecision, RetryRequested, TimeLimitHit
 from jobs.ledger import batch_finish
 from jobs.models import Job
 from jobs.worker import outcomes, parking, watchdog
-from jobs.worker.lease import DeferredClaim, holding, refused, renewer
+from jobs.worker.deferred import DeferredClaim
+from jobs.worker.lease import holding, refused, renewer
 from jobs.worker.redelivery import Runnable, request_priority, request_queue, resend
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             raise Ignore()  # it waits at its gate (acknowledged; no attempt spent)
         claim = None
         since = time.monotonic()  # the claim's lease runs from before its UPDATE
-        deferred = _deferred(task, request, lease_seconds, held) if task.track else None
+        deferred = deferred_delivery(task, request, lease_seconds) if task.track else None
         if isinstance(deferred, ledger.Dropped):
             outcomes.count_delivery(deferred.reason)
             raise Ignore()
@@ -214,15 +215,15 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
     return result
 
 
-def _deferred(
-    task: Runnable, request: Any, lease_seconds: float, held: slots.Slots
+def deferred_delivery(
+    task: Runnable, request: Any, lease_seconds: float
 ) -> ledger.Peeked | ledger.Dropped | None:
     """DEFER_CLAIM: this delivery's run recorded in Redis and its row read, when it may run
     without writing its claim first (jobs.ledger.deferred); Dropped when another run holds the
     job; None when it claims as before (a job the setting does not cover, a row that is not
     plainly waiting, a run that vanished before this delivery: the claim counts its crash)."""
     token = getattr(request, outcomes.CLAIM_TOKEN, None)
-    if token is None or not _defers(task, held):
+    if token is None or not _defers(task):
         return None
     job_id = str(request.id)
     started = running.start(job_id, token, lease_seconds)
@@ -235,7 +236,6 @@ def _deferred(
         # claim under a lapsed lease, which the claim path takes over, counting the crash
         ledger.run_lost(job_id=job_id, lease_owner=str(uuid.uuid4()))
         return None
-    request._backlot_unclaimed = True  # its record is dropped when the delivery ends
     if started != "ok":
         return None  # a run wrote its claim row: the ledger's claim decides
     peeked = ledger.peek(job_id=job_id, token=token)
@@ -245,7 +245,7 @@ def _deferred(
     return peeked
 
 
-def _defers(task: Runnable, held: slots.Slots) -> bool:
+def _defers(task: Runnable) -> bool:
     """Whether this delivery may defer its claim: the setting, a Redis broker (whose restore
     and reconcile give back what a vanished run held), the job's code in this process (no
     pool process the worker's main process writes for), and no gate (a slot's lease is the

@@ -35,15 +35,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 from django.db import close_old_connections, connections
 
 from jobs import ledger
-from jobs.broker import running
 from jobs.broker.redis import redis_client
 from jobs.core.exceptions import LeaseLost
+from jobs.worker.deferred import DeferredClaim
 from jobs.worker.stopper import Stopper
 
 logger = logging.getLogger(__name__)
@@ -75,45 +73,6 @@ def refused(write: str, job_id: str, attempt: int | None) -> None:
     run = "a run" if attempt is None else f"run of attempt {attempt}"
     logger.warning("Job %s: %s lost its claim; its %s was refused", job_id, run, write)
     count(f"refused:{write}")
-
-
-@dataclass(frozen=True)
-class DeferredClaim:
-    """The claim a run read but did not write (DEFER_CLAIM; jobs.ledger.deferred): the row's
-    attempt count its writes match, its token, when it started."""
-
-    job_id: str
-    attempts: int
-    lease_owner: str
-    started: datetime
-    lease_seconds: float
-
-    def write(self) -> bool:
-        """Write it (the run needs its claim row); False if the row changed since the read."""
-        written = ledger.claim_deferred(
-            job_id=self.job_id,
-            attempts=self.attempts,
-            lease_owner=self.lease_owner,
-            started=self.started,
-            lease_seconds=self.lease_seconds,
-        )
-        if written:
-            try:  # later deliveries take the claim path; the ledger decides either way
-                running.claimed(self.job_id, self.lease_owner)
-            except Exception as exc:  # noqa: BLE001 - Redis away: its record lapses
-                logger.debug("Job %s: run record not marked claimed (%s)", self.job_id, exc)
-        return written
-
-    def succeed(self, run_seconds: float, result: Any) -> bool:
-        """The run's success in the one write of an unclaimed run."""
-        return ledger.succeed_unclaimed(
-            job_id=self.job_id,
-            attempts=self.attempts,
-            lease_owner=self.lease_owner,
-            started=self.started,
-            run_seconds=run_seconds,
-            result=result,
-        )
 
 
 @dataclass(eq=False)
