@@ -18,7 +18,8 @@ A `-P solo` worker runs its jobs in the process that acknowledges their messages
 marks its counts `carry()`, the finish's flush leaves them, and the acknowledgement's own
 MULTI/EXEC writes them (jobs.broker.reservations, when the broker's Redis is the platform's):
 no round trip of their own, ~0.1-0.3 ms of a ~1.5 ms ledger job (benchmarks/README.md). The
-counts then reach Redis with the message's acknowledgement, a moment after the job's outcome.
+counts then reach Redis with the message's acknowledgement, a moment after the job's outcome;
+a worker killed between the two loses that run's counts (as one killed before its finish did).
 """
 
 from __future__ import annotations
