@@ -203,7 +203,7 @@ def enqueue(
         job_id = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(job_id)
     else:
         job_id = uuid.UUID(task_id) if task_id else uuid.uuid4()
-    job = Job(
+    job = ledger.new_job(
         id=job_id,
         task_name=task.name,
         args=args,

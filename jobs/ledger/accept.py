@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import F, Q
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from jobs.core import jsontext
@@ -28,6 +30,38 @@ BULK_BATCH = 1000
 
 
 # --- enqueue: a new row, queued or scheduled -----------------------------------------------
+def new_job(**values: Any) -> Job:
+    """`Job(**values)`, unsaved, for values keyed by column attname (owner_id, not owner): the
+    defaults of the columns not given as Model.__init__ sets them (a callable's called for this
+    row), without its per-field work (~60 us of cProfile per enqueue, 16 % of a ledger-off
+    one's). Job(**values) itself when a project listens to Job's pre_init or post_init."""
+    constant, called, attnames = _defaults()
+    if not values.keys() <= attnames or has_init_receivers(Job):
+        return Job(**values)
+    job = Job.__new__(Job)
+    row = job.__dict__
+    row.update(constant)
+    for attname, default in called:
+        if attname not in values:
+            row[attname] = default()
+    row.update(values)
+    job._state = ModelState()
+    return job
+
+
+@functools.cache
+def _defaults() -> tuple[dict[str, Any], tuple[tuple[str, Any], ...], frozenset[str]]:
+    fields = Job._meta.concrete_fields
+    calls = {f.attname for f in fields if f.has_default() and callable(f.default)}
+    constant = {f.attname: f.get_default() for f in fields if f.attname not in calls}
+    called = tuple((f.attname, f.default) for f in fields if f.attname in calls)
+    return constant, called, frozenset(f.attname for f in fields)
+
+
+def has_init_receivers(model: type) -> bool:
+    return pre_init.has_listeners(model) or post_init.has_listeners(model)
+
+
 def insert(job: Job) -> None:
     """A new job (queued, or scheduled for later): one INSERT, atomic on its own.
 
@@ -37,15 +71,18 @@ def insert(job: Job) -> None:
     value is None is left out (its column defaults to NULL): 15 of Job's 35 at a plain enqueue,
     each a value prepared and bound for nothing. Job has no pre_save/post_save receivers of the
     platform's; the documented hook is events.job_enqueued, sent after commit."""
-    fields, values = _insert_values(job)
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(connection.vendor, tuple(fields)), values)
+    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (see _insert_values)
+    fields, values = _insert_values(job, db)
+    with db.cursor() as cursor:
+        cursor.execute(_insert_sql(db.vendor, tuple(fields)), values)
     job._state.adding = False
-    job._state.db = connection.alias
+    job._state.db = db.alias
 
 
-def _insert_values(job: Job) -> tuple[list[Any], list[Any]]:
-    """The columns a new row of `job` sets and their prepared values (see insert)."""
+def _insert_values(job: Job, db: Any) -> tuple[list[Any], list[Any]]:
+    """The columns a new row of `job` sets and their prepared values (see insert), prepared
+    for `db`, the connection itself: each of django.db.connection's attributes is looked up
+    through asgiref's Local, ~17 lookups per row (~10 % of a ledger-off enqueue's Python)."""
     fields = []
     values = []
     for field in _insert_fields():
@@ -53,7 +90,7 @@ def _insert_values(job: Job) -> tuple[list[Any], list[Any]]:
         if value is None and field.null:
             continue
         fields.append(field)
-        values.append(field.get_db_prep_save(value, connection))
+        values.append(field.get_db_prep_save(value, db))
     return fields, values
 
 
@@ -111,15 +148,16 @@ def _insert_with_record(job: Job, key: str, now: datetime) -> bool:
     its own: one round trip where two were (and, outside a transaction, no BEGIN and COMMIT
     around them). False, with nothing written, when the key is held: the caller then looks at
     its holder. A concurrent enqueue of the key waits on its index entry, as before."""
-    fields, values = _insert_values(job)
-    with connection.cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]
+    fields, values = _insert_values(job, db)
+    with db.cursor() as cursor:
         cursor.execute(
             _insert_with_record_sql(tuple(fields)), [*_record_values(key, job.id, now), *values]
         )
         taken = cursor.rowcount == 1
     if taken:
         job._state.adding = False
-        job._state.db = connection.alias
+        job._state.db = db.alias
     return taken
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -198,19 +198,20 @@ def _claim_in_one_statement(
 ) -> Claim | None:
     """The common case in one UPDATE … RETURNING (PostgreSQL, SQLite ≥ 3.35): no transaction,
     no SELECT FOR UPDATE, one round trip. None when the job is not claimable as it stands."""
+    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (jobs.ledger.accept)
     fields = {f.name: f for f in Job._meta.fields}
 
     def at(value: datetime) -> Any:
-        return fields["started_at"].get_db_prep_value(value, connection)
+        return fields["started_at"].get_db_prep_value(value, db)
 
     params = [
         target("claim"),
         at(now),
         at(now),
         at(now + timedelta(seconds=lease_seconds)),
-        fields["lease_owner"].get_db_prep_value(token, connection),
+        fields["lease_owner"].get_db_prep_value(token, db),
         JobState.RUNNING,
-        fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), connection),
+        fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), db),
         JobState.QUEUED,
         JobState.SCHEDULED,
         JobState.RETRYING,
@@ -219,10 +220,8 @@ def _claim_in_one_statement(
         at(now),
         _last_crash(),
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SQL.format(table=connection.ops.quote_name(Job._meta.db_table)), params
-        )
+    with db.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL.format(table=db.ops.quote_name(Job._meta.db_table)), params)
         row = cursor.fetchone()
     if row is None:
         return None

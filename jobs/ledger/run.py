@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import F, Field
 from django.utils import timezone
 
@@ -50,25 +50,24 @@ def _update_held(
     ORM's per-call query compilation: ~0.4 ms of a worker's Python work per finished job on
     this machine, the largest part after the database's own time (measured). Returns the
     number of rows written. Its SQL has Django's shape (batch_finish folds it)."""
+    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (jobs.ledger.accept)
     fields = [_concrete(name) for name in values]
     states = sources(event)
     sql = _held_update_sql(
-        connection.vendor,
+        db.vendor,
         tuple(f.column for f in fields),
         len(states),
         attempt is not None,
         lease_owner is not None,
     )
-    params = [f.get_db_prep_save(values[f.name], connection) for f in fields]
-    params += [Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), connection)]
+    params = [f.get_db_prep_save(values[f.name], db) for f in fields]
+    params += [Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), db)]
     params += [str(state) for state in states]
     if attempt is not None:
         params.append(int(attempt))
     if lease_owner is not None:
-        params.append(
-            _concrete("lease_owner").get_db_prep_value(uuid.UUID(str(lease_owner)), connection)
-        )
-    with connection.cursor() as cursor:
+        params.append(_concrete("lease_owner").get_db_prep_value(uuid.UUID(str(lease_owner)), db))
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
 

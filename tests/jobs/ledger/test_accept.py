@@ -120,3 +120,48 @@ def test_a_published_mark_skips_a_row_claimed_since_its_message_was_sent(many: b
     if many:
         sent.refresh_from_db()
         assert sent.published_at == now
+
+
+def test_new_job_builds_the_row_job_init_builds_and_stores_it_alike(admin_user) -> None:
+    # given the values of a plain enqueue (attnames), and the same row built by Job(...)
+    now = timezone.now()
+    values = {
+        "task_name": "tests.add",
+        "args": [1, "two"],
+        "kwargs": {"k": None},
+        "queue": "reports",
+        "priority": 7,
+        "owner_id": admin_user.pk,
+        "state": JobState.QUEUED,
+        "max_attempts": 3,
+        "enqueued_at": now,
+        "trace_context": {"traceparent": "00-ab-cd-01"},
+    }
+    built = Job(id=uuid.uuid4(), **values)
+
+    # when new_job builds it, twice
+    fast, other = ledger.new_job(id=uuid.uuid4(), **values), ledger.new_job(id=uuid.uuid4())
+
+    # then every column holds what Job(...) set, defaults included; a callable default is
+    # called for each row (no list shared between two rows); inserted, it reads back the same
+    assert the_columns(fast) == the_columns(built)
+    assert fast._state.adding and fast._state.db is None
+    assert other.failures == [] and other.failures is not fast.failures
+    ledger.insert(fast)
+    assert the_columns(Job.objects.get(id=fast.id)) == the_columns(built)
+
+
+def test_new_job_is_job_init_when_a_project_listens_to_its_init() -> None:
+    from django.db.models.signals import post_init
+
+    seen: list[Any] = []
+
+    def listen(sender: Any, instance: Job, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    post_init.connect(listen, sender=Job)
+    try:
+        job = ledger.new_job(id=uuid.uuid4(), task_name="tests.add")
+    finally:
+        post_init.disconnect(listen, sender=Job)
+    assert seen == [job]
