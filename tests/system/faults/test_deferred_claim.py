@@ -24,6 +24,18 @@ from tests.system.faults.conftest import runs, wait_finished
 UPDATES = "faults_job_updates"
 
 
+def succeeded_after(
+    job_id: str, run_id: str, *, attempts: int, crashes: int, what: str, timeout: float = 60
+) -> Job:
+    """Wait for the job to finish; it succeeded on attempt `attempts` with `crashes` crashes,
+    its code ran once per attempt."""
+    wait_finished([job_id], timeout=timeout, what=what)
+    job = Job.objects.get(id=job_id)
+    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, attempts, crashes)
+    assert runs(run_id) == Counter({0: attempts})
+    return job
+
+
 @pytest.fixture
 def updates_per_job(transactional_db: None) -> Iterator[Callable[[list[str]], Counter]]:
     """Every UPDATE of a jobs_job row, counted per job by a trigger of the test's own."""
@@ -105,10 +117,7 @@ def test_a_job_that_outlives_its_first_interval_writes_its_claim_then(
         interval=0.2,
         what="the long job's claim to be written",
     )
-    wait_finished([job_id], timeout=60, what="the long job")
-    job = Job.objects.get(id=job_id)
-    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 1, 0)
-    assert runs(run_id) == Counter({0: 1})
+    succeeded_after(job_id, run_id, attempts=1, crashes=0, what="the long job")
 
 
 def test_the_status_api_says_running_before_the_row_is_written(
@@ -153,10 +162,9 @@ def test_a_worker_killed_in_an_unclaimed_run_counts_a_crash_and_the_job_runs_aga
     start_fault_worker("deferred-next", pool="solo", concurrency=1, **lease)
 
     # then the job runs again and succeeds, with the lost run counted as a worker crash
-    wait_finished([job_id], timeout=120, what="the job after the kill")
-    job = Job.objects.get(id=job_id)
-    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 2, 1)
-    assert runs(run_id) == Counter({0: 2})
+    succeeded_after(
+        job_id, run_id, attempts=2, crashes=1, what="the job after the kill", timeout=120
+    )
 
 
 def test_a_second_delivery_during_an_unclaimed_run_is_dropped(
@@ -186,10 +194,7 @@ def test_a_second_delivery_during_an_unclaimed_run_is_dropped(
     )
 
     # then the copy did not run: the job ran once and succeeded on its first attempt
-    wait_finished([job_id], timeout=60, what="the job")
-    job = Job.objects.get(id=job_id)
-    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 1, 0)
-    assert runs(run_id) == Counter({0: 1})
+    succeeded_after(job_id, run_id, attempts=1, crashes=0, what="the job")
 
 
 def test_a_cancel_during_an_unclaimed_run_stops_it_at_its_first_claim_write(
@@ -230,8 +235,5 @@ def test_a_retried_job_fails_then_succeeds_with_the_claim_deferred(
     (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"fail": True})
 
     # then its second run, delivered to a retrying row that is due, succeeds
-    wait_finished([job_id], timeout=60, what="the retried job")
-    job = Job.objects.get(id=job_id)
-    assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 2, 0)
+    job = succeeded_after(job_id, run_id, attempts=2, crashes=0, what="the retried job")
     assert [failure["attempt"] for failure in job.failures] == [1]
-    assert runs(run_id) == Counter({0: 2})
