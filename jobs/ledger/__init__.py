@@ -14,7 +14,6 @@ from jobs.ledger.accept import (
     lapsed_lease_dead,
     lapsed_leases_requeued,
     mark_published,
-    new_job,
     republish,
     unpublish,
     waiting_but_due,
@@ -38,6 +37,7 @@ from jobs.ledger.resolve import (
     dead_letters_replayed,
     dead_letters_to_replay,
 )
+from jobs.ledger.rows import new_job
 from jobs.ledger.run import (
     MAX_FAILURES_KEPT,
     Defaults,
