@@ -123,14 +123,24 @@ class ReservingQoS(kombu_redis.QoS):
         to it (jobs.broker.counters.carry()) when the broker's Redis is the platform's."""
         pipe = self._remove_from_indices(delivery_tag)
         counts = counters.take() if self.carries_counts else None
-        if counts is not None:
-            counters.write(pipe, counts)
-        try:
+        if counts is None:
             pipe.execute()
+            return
+        settling = len(pipe.command_stack)  # the ack's own commands, before the counts
+        counters.write(pipe, counts)
+        try:
+            replies = pipe.execute(raise_on_error=False)
         except BaseException:
-            if counts is not None:
-                counters.give_back(counts)
+            counters.give_back(counts)  # nothing ran (the MULTI/EXEC never reached Redis)
             raise
+        # A count that failed (a metrics key of another type) is that count's loss only: the
+        # others and the ack were applied, so neither the ack nor the counts are redone.
+        failed = [reply for reply in replies[settling:] if isinstance(reply, Exception)]
+        if failed:
+            logger.debug("%d metric count(s) not written with an ack: %s", len(failed), failed[0])
+        for reply in replies[:settling]:
+            if isinstance(reply, Exception):
+                raise reply
 
     @cached_property
     def carries_counts(self) -> bool:

@@ -28,7 +28,7 @@ from django.test import override_settings
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-from jobs.broker import fetch
+from jobs.broker import counters, fetch
 from jobs.broker.broker import queue_keys
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.redis import redis_client
@@ -289,9 +289,12 @@ def fetching_here(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(fetch._state, "fetch", True)
 
 
-def take_one(url: str, options: dict[str, Any], raw: redis.Redis, prefix: str = "") -> None:
-    """Publish a task message on a queue of its own through `url`, consume it with the fetch,
-    and check what Redis holds before and after the ack."""
+@contextmanager
+def delivered(
+    url: str, options: dict[str, Any], raw: redis.Redis, prefix: str = ""
+) -> Iterator[tuple[Any, str]]:
+    """A task message published on a queue of its own through `url` and taken with the fetch:
+    yields the message (not acknowledged) and its queue's name, inside the consumer."""
     name = f"fetch-here-{uuid.uuid4().hex[:8]}"
     queue = Queue(name, Exchange(name), routing_key=name)
     got: list[Any] = []
@@ -312,18 +315,53 @@ def take_one(url: str, options: dict[str, Any], raw: redis.Redis, prefix: str = 
             channel: Any = consumer.channel
             assert isinstance(channel.qos, ReservingQoS)
             wait_until(lambda: _drain(connection) or got, timeout=20, what="the message")
-            message = got[0]
-            stored = raw.hget(f"{prefix}unacked", message.delivery_tag)
-            assert stored is not None and json.loads(stored)[1:] == [name, name]
-            assert json.loads(stored)[0]["properties"]["delivery_tag"] == message.delivery_tag
-            assert raw.zscore(f"{prefix}unacked_index", message.delivery_tag)
-            assert not raw.hexists(f"{prefix}{OWNERS}", message.delivery_tag)  # no holder here
-            assert raw.llen(f"{prefix}{name}") == 0
-            message.ack()
-            assert not raw.hexists(f"{prefix}unacked", message.delivery_tag)
+            yield got[0], name
             # an empty fetch clears the bells (their messages are taken)
             _drain(connection)
             assert not raw.exists(f"{prefix}{BELL}{name}")
+
+
+def take_one(url: str, options: dict[str, Any], raw: redis.Redis, prefix: str = "") -> None:
+    """Publish a task message on a queue of its own through `url`, consume it with the fetch,
+    and check what Redis holds before and after the ack."""
+    with delivered(url, options, raw, prefix) as (message, name):
+        stored = raw.hget(f"{prefix}unacked", message.delivery_tag)
+        assert stored is not None and json.loads(stored)[1:] == [name, name]
+        assert json.loads(stored)[0]["properties"]["delivery_tag"] == message.delivery_tag
+        assert raw.zscore(f"{prefix}unacked_index", message.delivery_tag)
+        assert not raw.hexists(f"{prefix}{OWNERS}", message.delivery_tag)  # no holder here
+        assert raw.llen(f"{prefix}{name}") == 0
+        message.ack()
+        assert not raw.hexists(f"{prefix}unacked", message.delivery_tag)
+
+
+def test_an_ack_carrying_counts_survives_a_count_that_redis_refuses(
+    fetching_here: None, clean_redis: None
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    # given: a run's counts left to the ack (a -P solo worker's), one of them for a metrics key
+    # that is no hash (another program wrote it)
+    url = backlot_settings().REDIS_URL
+    raw = redis.Redis.from_url(url)
+    broken, fine = "backlot:test:counts:broken", "backlot:test:counts:fine"
+    raw.set(broken, "not a hash")
+    with delivered(url, PRIORITY_TRANSPORT_OPTIONS, raw) as (message, _):
+        assert message.channel.qos.carries_counts  # the broker's Redis is the platform's
+        counters.carry()
+        counters.add(broken, "finished")
+        counters.add(fine, "finished")
+
+        # when the message is acknowledged
+        message.ack()
+
+        # then the ack went through, the good count was written once, and nothing is held
+        # back to be written again by the next flush
+        assert not raw.hexists("unacked", message.delivery_tag)
+        counters.flush()
+        assert raw.hgetall(fine) == {b"finished": b"1"}
+        assert counters.take() is None
+        assert raw.get(broken) == b"not a hash"
 
 
 def _drain(connection: Connection) -> bool:
