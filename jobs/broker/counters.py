@@ -1,5 +1,5 @@
 """Metric counters of the per-job path kept in Redis hashes (HINCRBY / HINCRBYFLOAT), added up
-in the process and written together in one pipeline by `flush()`.
+in the process and written together by `flush()`, in one script call (`write()`).
 
 A pool process running a ledger job sent its counters in two Redis round trips: the claimed
 delivery at the claim, the finished attempt and its run time (by task and by queue) at the
@@ -25,6 +25,7 @@ a worker killed between the two loses that run's counts (as one killed before it
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import threading
@@ -93,15 +94,44 @@ def take() -> Counts | None:
 
 
 def write(pipe: Any, counts: Counts) -> Any:
-    """Add `counts` to a pipeline of the platform's Redis, counts before expiries."""
+    """Add `counts` to a pipeline of the platform's Redis: one EVAL (`_WRITE`), whose reply is
+    how many of them Redis refused (a key of another type)."""
+    return pipe.eval(_WRITE, 0, _encoded(counts))
+
+
+# A job's counts are ~11 HINCRBYs and an EXPIRE: as commands, their packing and replies cost
+# redis-py ~0.1 ms of a ~1.5 ms ledger job; as one script, one command and one reply. pcall:
+# a key of another type loses its own count, not the others'.
+_WRITE = """
+local counts = cjson.decode(ARGV[1])
+local refused = 0
+local function count(reply)
+  if type(reply) == 'table' and reply.err then refused = refused + 1 end
+end
+for _, c in ipairs(counts[1]) do count(redis.pcall('HINCRBY', c[1], c[2], c[3])) end
+for _, c in ipairs(counts[2]) do count(redis.pcall('HINCRBYFLOAT', c[1], c[2], c[3])) end
+for _, c in ipairs(counts[3]) do count(redis.pcall('EXPIRE', c[1], c[2])) end
+return refused
+"""
+
+
+def _encoded(counts: Counts) -> str:
+    """The script's argument: counts before expiries, every number as text (as Redis reads it;
+    a float's repr keeps every digit, which Lua's own number formatting would not)."""
     ints, floats, expiries = counts
-    for (key, field), count in ints.items():
-        pipe.hincrby(key, field, count)
-    for (key, field), value in floats.items():
-        pipe.hincrbyfloat(key, field, value)
-    for key, seconds in expiries.items():
-        pipe.expire(key, seconds)
-    return pipe
+    return json.dumps(
+        [
+            [[key, field, str(count)] for (key, field), count in ints.items()],
+            [[key, field, repr(value)] for (key, field), value in floats.items()],
+            [[key, str(seconds)] for key, seconds in expiries.items()],
+        ],
+        separators=(",", ":"),
+    )
+
+
+def refused(reply: Any) -> int:
+    """How many counts of a `write()` Redis refused, from its reply."""
+    return reply if isinstance(reply, int) else 0
 
 
 def give_back(counts: Counts) -> None:
@@ -123,10 +153,13 @@ def flush() -> None:
     if counts is None:
         return
     try:
-        write(redis_client().pipeline(transaction=False), counts).execute()
+        (reply,) = write(redis_client().pipeline(transaction=False), counts).execute()
     except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
         logger.debug("Could not write %s metric counts: %s", len(counts[0]) + len(counts[1]), exc)
         give_back(counts)
+    else:
+        if refused(reply):
+            logger.debug("Redis refused %d metric count(s) (a key of another type)", reply)
 
 
 def _forked() -> None:

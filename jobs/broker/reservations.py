@@ -133,11 +133,11 @@ class ReservingQoS(kombu_redis.QoS):
         except BaseException:
             counters.give_back(counts)  # nothing ran (the MULTI/EXEC never reached Redis)
             raise
-        # A count that failed (a metrics key of another type) is that count's loss only: the
+        # A count Redis refused (a metrics key of another type) is that count's loss only: the
         # others and the ack were applied, so neither the ack nor the counts are redone.
-        failed = [reply for reply in replies[settling:] if isinstance(reply, Exception)]
-        if failed:
-            logger.debug("%d metric count(s) not written with an ack: %s", len(failed), failed[0])
+        (written,) = replies[settling:]
+        if isinstance(written, Exception) or counters.refused(written):
+            logger.debug("Metric counts not all written with an ack: %s", written)
         for reply in replies[:settling]:
             if isinstance(reply, Exception):
                 raise reply

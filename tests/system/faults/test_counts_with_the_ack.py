@@ -53,10 +53,17 @@ class Monitor:
 
 def count_writes(commands: list[tuple[str, str]]) -> Counter:
     """The job counts' HINCRBYs (deliveries and finishes), by where they were sent: inside an
-    acknowledgement's MULTI/EXEC (one that drops a message's owner record) or outside one."""
+    acknowledgement's MULTI/EXEC (one that drops a message's owner record) or outside one.
+    The counts go in a script (jobs.broker.counters.write): MONITOR shows the commands a script
+    runs right after its EVAL, from the client "lua"; they count where the EVAL was sent."""
     blocks: dict[str, list[str]] = {}
     placed: Counter = Counter()
+    scripting: str | None = None  # the client whose EVAL the "lua" lines that follow are
     for address, command in commands:
+        if address.startswith("lua"):
+            address = scripting or address
+        else:
+            scripting = address if command[:5].upper() == "EVAL " else None
         verb = command.split(" ", 1)[0].upper()
         if verb == "MULTI":
             blocks[address] = []
