@@ -105,3 +105,21 @@ def test_an_expiry_is_written_with_the_counts(key):
 
     assert _read(key) == {"n": "1"}
     assert 0 < redis_client().ttl(key) <= 600
+
+
+def test_a_count_redis_refuses_loses_only_itself(key):
+    # given a metrics key that another program made a string, and counts for it and another
+    broken = f"{key}:broken"
+    redis_client().set(broken, "not a hash")
+    counters.add(broken, "n")
+    counters.add(key, "n")
+    counters.add_float(key, "sum", 0.125)
+
+    # when they are flushed, twice
+    counters.flush()
+    counters.flush()
+
+    # then the good ones were written once, and the refused one was not kept to be retried
+    assert _read(key) == {"n": "1", "sum": "0.125"}
+    assert counters.take() is None
+    assert redis_client().get(broken) == b"not a hash"
