@@ -121,6 +121,8 @@ def storable_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
     # A stamp rides as an option named by stamped_headers (Celery's stamping visitors).
     names = STORED_OPTIONS | set(options.get("stamped_headers") or ())
     kept = {k: v for k, v in options.items() if k in names and v is not None}
+    if not kept:
+        return {}  # most enqueues: no JSON round trip of nothing
     try:
         return json.loads(json.dumps(kept))
     except (TypeError, ValueError):
