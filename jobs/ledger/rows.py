@@ -18,7 +18,7 @@ def new_job(**values: Any) -> Job:
     row), without its per-field work (~60 us of cProfile per enqueue, 16 % of a ledger-off
     one's). Job(**values) itself when a project listens to Job's pre_init or post_init."""
     constant, called, attnames = _defaults()
-    if not values.keys() <= attnames or has_init_receivers(Job):
+    if not values.keys() <= attnames or _has_init_receivers(Job):
         return Job(**values)
     job = Job.__new__(Job)
     row = job.__dict__
@@ -40,5 +40,5 @@ def _defaults() -> tuple[dict[str, Any], tuple[tuple[str, Any], ...], frozenset[
     return constant, called, frozenset(f.attname for f in fields)
 
 
-def has_init_receivers(model: type) -> bool:
+def _has_init_receivers(model: type) -> bool:
     return pre_init.has_listeners(model) or post_init.has_listeners(model)
