@@ -59,11 +59,10 @@ def count_writes(commands: list[tuple[str, str]]) -> Counter:
     blocks: dict[str, list[str]] = {}
     placed: Counter = Counter()
     scripting: str | None = None  # the client whose EVAL the "lua" lines that follow are
-    for address, command in commands:
-        if address.startswith("lua"):
-            address = scripting or address
-        else:
-            scripting = address if command[:5].upper() == "EVAL " else None
+    for sender, command in commands:
+        address = scripting or sender if sender.startswith("lua") else sender
+        if not sender.startswith("lua"):
+            scripting = sender if command[:5].upper() == "EVAL " else None
         verb = command.split(" ", 1)[0].upper()
         if verb == "MULTI":
             blocks[address] = []
