@@ -12,7 +12,7 @@ jobs.worker.signals); a failed write keeps the counts for the next one; a forked
 (its parent writes what it held). A run killed before its finish loses its claim's count.
 
 A key counted for a bounded time (a per-minute bucket of jobs.worker.telemetry) is given its
-expiry by `expire()`: an EXPIRE written in the same pipeline, after the counts.
+expiry by `expire()`: an EXPIRE written in the same script call, after the counts.
 
 A `-P solo` worker runs its jobs in the process that acknowledges their messages: there a run
 marks its counts `carry()`, the finish's flush leaves them, and the acknowledgement's own
@@ -80,7 +80,7 @@ Counts = tuple[dict[tuple[str, str], int], dict[tuple[str, str], float], dict[st
 
 
 def take() -> Counts | None:
-    """What this process holds, taken out to be written by the caller's pipeline (`write()`);
+    """What this process holds, taken out to be written in the caller's pipeline (`write()`);
     None when it holds nothing. Ends a `carry()`."""
     with _State.lock:
         _State.carried = False
@@ -147,7 +147,7 @@ def give_back(counts: Counts) -> None:
 
 
 def flush() -> None:
-    """Write what this process holds now, in one pipeline; never raises (a failed write keeps
+    """Write what this process holds now, in one script call; never raises (a failed write keeps
     the counts and expiries for the next flush)."""
     counts = take()
     if counts is None:

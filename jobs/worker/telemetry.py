@@ -47,7 +47,7 @@ def record_outcome(
 ) -> None:
     """Count a finished attempt (succeeded, retrying, dead, cancelled) and its run time, by task
     and by queue (and by queue in this minute's bucket), with this process's other counts
-    (jobs.broker.counters) in one pipeline; never raises."""
+    (jobs.broker.counters) in one Redis call; never raises."""
     counters.add(FINISHED, f"{task}\t{state}")
     if queue is not None:
         counters.add(QUEUE_FINISHED, f"{queue}\t{state}")
