@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import imageio_ffmpeg
 import pytest
 from django.conf import settings
 
@@ -21,6 +22,9 @@ pytest_plugins = ["tests.support.import_skips"]
 ROOT = Path(__file__).resolve().parent.parent
 # One folder per pytest-xdist process (scripts/test.sh runs two): worker logs are named by worker.
 LOG_DIR = ROOT / ".data" / "test-logs" / os.environ.get("PYTEST_XDIST_WORKER", "main")
+# Every ffmpeg run of a worker started here, one line each (tests/support/ffmpeg_logged).
+FFMPEG_LOGGED = ROOT / "tests" / "support" / "ffmpeg_logged"
+FFMPEG_LOG = LOG_DIR / "ffmpeg-runs.log"
 # Test files that share something of the machine's beyond the Redis database and the test
 # database (network namespaces and their addresses) run in one pytest-xdist process, in turn.
 SHARED_GROUPS = {"tests/scale/": "scale"}
@@ -181,6 +185,11 @@ def worker_env(django_db_setup: Any, django_db_blocker: Any, smtp_server: Any) -
         # Test workers run --without-heartbeat --without-gossip, which leaves their event
         # dispatcher off altogether unless task events are on: Flower (tests/system) needs them.
         "CELERY_EVENTS": "1",
+        # ffmpeg through a wrapper that logs each run before it execs the real binary: a test
+        # counts the runs from the log (tests/media_pipeline/test_rendition_steps.py).
+        "IMAGEIO_FFMPEG_EXE": str(FFMPEG_LOGGED),
+        "BACKLOT_TEST_FFMPEG_REAL": imageio_ffmpeg.get_ffmpeg_exe(),
+        "BACKLOT_TEST_FFMPEG_LOG": str(FFMPEG_LOG),
     }
 
 

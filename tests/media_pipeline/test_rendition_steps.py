@@ -1,12 +1,9 @@
 """Each rendition's job is two steps, transcode then poster: a poster that fails once is retried
 without running the finished transcode's ffmpeg again. Real worker, real ffmpeg, real
-PostgreSQL; ffmpeg's runs are counted from /proc while the video is processed."""
+PostgreSQL; ffmpeg's runs are counted from the log of the test workers' ffmpeg wrapper."""
 
 from __future__ import annotations
 
-import os
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,15 +16,15 @@ from django.db import connection
 from jobs.models import DeadLetter, Job, JobState, JobStep, StepState
 from media_pipeline import services
 from media_pipeline.models import Rendition, RenditionStatus, Video
+from tests.conftest import FFMPEG_LOG
 from tests.media_pipeline.conftest import upload_file, video_factory
 from tests.media_pipeline.test_transcode_flow import poll
 
 # A first attempt's poster fails, the retry waits up to 30 s (the transcode job's backoff,
 # base_delay 30 with full jitter); the two formats of the 3 s clip take ~5 s on 2 cores.
 SETTLE_TIMEOUT = 150
-# /proc is read this often; one read of ~100 processes takes ~4 ms on a loaded 2-core host. A
-# transcode of the 3 s clip lasts over 0.5 s, a poster frame ~0.1 s: neither slips between.
-SCAN_INTERVAL = 0.02
+# The separator of a logged run's fields (tests/support/ffmpeg_logged).
+FIELD = "\x1f"
 
 
 @pytest.fixture
@@ -36,36 +33,30 @@ def user(django_user_model: Any) -> Any:
 
 
 class FfmpegRuns:
-    """Every ffmpeg process seen running on a file under MEDIA_ROOT/videos: {pid: argv}."""
+    """Every ffmpeg run the test workers started on a file under MEDIA_ROOT/videos while this is
+    open: {pid: argv}. The workers run ffmpeg through tests/support/ffmpeg_logged, which logs a
+    run before it execs the real binary; a run of 0.1 s is counted as surely as one of a minute
+    (a scan of /proc could miss a poster frame on a loaded host)."""
 
     def __init__(self) -> None:
         self.root = str(Path(settings.MEDIA_ROOT) / "videos")
         self.seen: dict[int, list[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            for name in os.listdir("/proc"):
-                if not name.isdigit() or int(name) in self.seen:
-                    continue
-                try:
-                    with open(f"/proc/{name}/cmdline", "rb") as raw:
-                        argv = raw.read().decode(errors="replace").rstrip("\0").split("\0")
-                except OSError:
-                    continue  # ended meanwhile
-                # argv[0] is the wheel's binary (ffmpeg-linux-x86_64-v7...), or ffmpeg on PATH
-                if "ffmpeg" in Path(argv[0]).name and any(self.root in arg for arg in argv):
-                    self.seen[int(name)] = argv
-            time.sleep(SCAN_INTERVAL)
+        self._start = 0
 
     def __enter__(self) -> FfmpegRuns:
-        self._thread.start()
+        FFMPEG_LOG.parent.mkdir(parents=True, exist_ok=True)
+        FFMPEG_LOG.touch()
+        self._start = FFMPEG_LOG.stat().st_size
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        with FFMPEG_LOG.open("rb") as log:
+            log.seek(self._start)
+            lines = log.read().decode(errors="replace").splitlines()
+        for line in lines:
+            pid, *argv = line.split(FIELD)
+            if any(self.root in arg for arg in argv):
+                self.seen[int(pid)] = argv
 
     def of(self, video: Video, kind: str, fmt: str) -> int:
         """How many ffmpeg runs of `kind` (transcode: x264 writing the format; poster: a JPEG
