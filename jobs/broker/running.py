@@ -14,7 +14,8 @@ deferred claim). Until a run writes its claim row, this record is what says the 
   leaves it to expire (KEEP_MS past its lease: a duplicate of the finished job meanwhile is
   dropped as `busy`, or finds the row finished), one Redis call fewer per short job.
 
-The status API reads it (`live`): a waiting row whose run started says running.
+The status API, the jobs list and AsyncResult read it (`unclaimed`): a waiting row whose run
+started says running.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from jobs.broker.redis import redis_client, redis_text
+from jobs.core.conf import backlot_settings
+from jobs.core.states import WAITING_STATES
 
 logger = logging.getLogger(__name__)
 
@@ -130,3 +135,18 @@ def live(job_ids: Iterable[object]) -> set[str]:
         return set()
     flags = _script(_LIVE)(keys=[_key(job_id) for job_id in ids], client=redis_client())
     return {job_id for job_id, flag in zip(ids, flags, strict=True) if int(flag)}
+
+
+def unclaimed(jobs: Iterable[Any]) -> set[str]:
+    """The ids of those of `jobs` (ledger rows) whose row waits while a run of theirs started
+    without writing its claim (DEFER_CLAIM): a status shows them running. One Redis call for
+    them all; none without DEFER_CLAIM or a waiting row. Empty while Redis cannot be read: the
+    rows decide."""
+    if not backlot_settings().DEFER_CLAIM:
+        return set()
+    waiting = [job.pk for job in jobs if job.state in WAITING_STATES]
+    try:
+        return live(waiting)
+    except RedisError as exc:
+        logger.debug("Run records not read (%s): waiting rows shown as they read", exc)
+        return set()

@@ -20,10 +20,8 @@ from typing import Any
 from django.core import signing
 from django.db.models import Count, Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
-from redis.exceptions import RedisError
 
 from jobs.broker import running
-from jobs.core.conf import backlot_settings
 from jobs.core.masking import mask_text
 from jobs.core.states import ACTIVE_STATES, WAITING_CHILDREN, WAITING_STATES, JobState
 from jobs.models import Job, JobStep
@@ -132,13 +130,21 @@ def position(cursor: str) -> tuple[datetime, uuid.UUID]:
         raise InvalidCursor("Invalid cursor: it does not name a position in the list.") from None
 
 
-def job_status(job: Job, *, active_children: bool | None = None) -> dict[str, Any]:
+def job_status(
+    job: Job, *, active_children: bool | None = None, unclaimed: set[str] | None = None
+) -> dict[str, Any]:
     """The status document of a job, as the API returns it (and the "My jobs" page polls):
-    its state as Job.shown_state says (queued once due, waiting_children, ...)."""
+    its state as Job.shown_state says (queued once due, waiting_children, ...), or running
+    while a run started without writing its claim (DEFER_CLAIM). `unclaimed`: those runs'
+    job ids as jobs.broker.running.unclaimed read them for a page; read for this job if None.
+    """
     result = job.result if job.state == JobState.SUCCEEDED else None
     state = job.shown_state(active_children=active_children)
-    if state in WAITING_STATES and backlot_settings().DEFER_CLAIM and _runs_unclaimed(job.pk):
-        state = JobState.RUNNING  # DEFER_CLAIM: its run started; the row is written at its end
+    if state in WAITING_STATES:
+        if unclaimed is None:
+            unclaimed = running.unclaimed([job])
+        if str(job.pk) in unclaimed:
+            state = JobState.RUNNING  # its run started; the row is written at its end
     return {
         "job_id": str(job.id),
         "task": job.task_name,
@@ -162,15 +168,6 @@ def job_status(job: Job, *, active_children: bool | None = None) -> dict[str, An
         "queue_wait_seconds": None if job.queue_wait is None else round(job.queue_wait, 3),
         "run_seconds": None if job.run_seconds is None else round(job.run_seconds, 3),
     }
-
-
-def _runs_unclaimed(job_id: Any) -> bool:
-    """Whether a run of the job started without writing its claim (DEFER_CLAIM): its Redis
-    record says so (jobs.broker.running). False while Redis cannot be read: the row decides."""
-    try:
-        return bool(running.live([job_id]))
-    except RedisError:
-        return False
 
 
 @dataclass
@@ -229,9 +226,10 @@ def job_documents(jobs: Sequence[Job]) -> list[dict[str, Any]]:
         else ()
     )
     described = describe([*jobs, *children])
+    unclaimed = running.unclaimed([*jobs, *children])
 
     def document(job: Job, active_children: bool) -> dict[str, Any]:
-        doc = job_status(job, active_children=active_children)
+        doc = job_status(job, active_children=active_children, unclaimed=unclaimed)
         description = described.get(job.id)
         doc["kind"] = kind_of(job.task_name)
         doc["label"] = description.label if description else ""

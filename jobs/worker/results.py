@@ -4,7 +4,8 @@ A tracked job stores its return value in its Job row (the UPDATE that finishes t
 in a second django-celery-results row; this backend lets `AsyncResult(id).get()` and Flower
 still see it, as Celery would report it: SUCCESS with the return value (None for a call that
 asked ignore_result), STARTED while it runs only for a task that tracks it (Celery's
-track_started; else PENDING), RETRY with the exception of the attempt that asked for it,
+track_started; else PENDING; with DEFER_CLAIM also before a short run wrote its row, from its
+Redis record), RETRY with the exception of the attempt that asked for it,
 FAILURE with the exception the job gave up with (its class and arguments, as raised: the
 ledger keeps them with each failure), REVOKED for a cancelled or expired job
 (TaskRevokedError).
@@ -19,6 +20,7 @@ from typing import Any
 from celery import states
 from django_celery_results.backends import DatabaseBackend
 
+from jobs.broker import running
 from jobs.ledger import REPLACED
 
 # Job states (jobs.models.JobState values) as Celery states.
@@ -136,6 +138,8 @@ class LedgerResultBackend(DatabaseBackend):
             # Task.replace() by an untracked task: its outcome is in Celery's store, not here
             return meta
         status = _CELERY_STATE[job.state]
+        if status == states.PENDING and running.unclaimed([job]):
+            status = states.STARTED  # DEFER_CLAIM: its run started; the row is written at its end
         if status == states.STARTED and not getattr(
             self.app.tasks.get(job.task_name), "track_started", False
         ):

@@ -1,7 +1,8 @@
 """DEFER_CLAIM (jobs.ledger.deferred, jobs.broker.running): a short job writes its ledger row
 once, at its finish, on a `-P solo` worker; a job that outlives the first third of its lease
-writes its claim then; the status API says running from the run's Redis record while the row
-is not written yet; a run that vanished unclaimed is counted as a worker crash and runs again.
+writes its claim then; the status API, the jobs list and AsyncResult say running from the run's
+Redis record while the row is not written yet; a run that vanished unclaimed is counted as a
+worker crash and runs again.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 
 import pytest
+from celery.result import AsyncResult
 from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
 import jobs
+from config.celery import app as celery_app
 from jobs.broker.redis import redis_client
 from jobs.models import Job, JobState
-from jobs.web.listing import job_status
 from tests.conftest import wait_until
 from tests.system.faults.conftest import runs, wait_finished
 
@@ -121,27 +123,39 @@ def test_a_job_that_outlives_its_first_interval_writes_its_claim_then(
 
 
 def test_the_status_api_says_running_before_the_row_is_written(
-    private_redis, start_fault_worker, client_procs, run_id
+    private_redis, start_fault_worker, client_procs, run_id, admin_client, monkeypatch
 ):
-    # given a solo worker deferring claims (30 s leases: the claim would be written at 10 s)
+    # given a solo worker deferring claims (30 s leases: the claim would be written at 10 s),
+    # and a caller whose task tracks its start (Celery's track_started)
     start_fault_worker("deferred-status", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1")
     backlot = {**settings.BACKLOT, "REDIS_URL": private_redis.url, "DEFER_CLAIM": True}
+    monkeypatch.setattr(celery_app.tasks["faults.quick"], "track_started", True)
+
+    def seen(job_id: str) -> tuple[str, str, str]:
+        """The job's state as its status, its item in the jobs list and AsyncResult say."""
+        (item,) = [
+            i for i in admin_client.get("/api/jobs/").json()["items"] if i["job_id"] == job_id
+        ]
+        status = admin_client.get(f"/api/jobs/{job_id}/").json()["state"]
+        return status, item["state"], AsyncResult(job_id, app=celery_app).state
 
     # when a job runs for 4 s
     (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 4})
     with override_settings(REDIS_URL=private_redis.url, BACKLOT=backlot):
         redis_client.cache_clear()
         try:
-            # then its status says running while it runs, though its row still waits
+            # then its status, its list item and its AsyncResult say it runs while it runs,
+            # though its row still waits
             wait_until(
-                lambda: job_status(Job.objects.get(id=job_id))["state"] == JobState.RUNNING,
+                lambda: seen(job_id)[0] == JobState.RUNNING,
                 timeout=30,
                 interval=0.1,
                 what="the job's status to say running",
             )
+            assert seen(job_id)[1:] == (JobState.RUNNING, "STARTED")
             assert Job.objects.get(id=job_id).state == JobState.QUEUED
             wait_finished([job_id], timeout=60, what="the job")
-            assert job_status(Job.objects.get(id=job_id))["state"] == JobState.SUCCEEDED
+            assert seen(job_id) == (JobState.SUCCEEDED, JobState.SUCCEEDED, "SUCCESS")
         finally:
             redis_client.cache_clear()
 
