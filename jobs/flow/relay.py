@@ -20,7 +20,7 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 
 from jobs import ledger
-from jobs.broker import amqp, broker, restore, slots
+from jobs.broker import amqp, broker, queues, restore, slots
 from jobs.broker.concurrency import Gates
 from jobs.broker.redis import redis_client
 from jobs.core import events
@@ -74,7 +74,7 @@ def job_relay(*, limit: int = 500) -> int:
     # taken and unacknowledged anywhere; dead workers' messages were given back above) cannot
     # be holding the message of a job that waits on it past its time.
     waiting = _gate_queues()
-    for queue in broker.idle_queues(conf.QUEUES):
+    for queue in queues.idle_queues(conf.QUEUES):
         if queue in waiting:
             continue  # its jobs wait at their gates (jobs.broker.slots), not in the broker's lists
         ledger.republish(
@@ -124,7 +124,7 @@ def _resend_missing(now: datetime, *, skip: set[str]) -> list[str]:
     (kombu's BRPOP, then its `unacked` write: two steps), or dropped by a Redis restart without
     AOF or a FLUSHALL. The idle-queue reconcile above cannot see it while any other message is
     unacknowledged anywhere, which on a working cluster is always; the visibility-timeout one
-    waits 2 h. Queues of more than broker.MAX_SCANNED messages are left to those. Returns the
+    waits 2 h. Queues of more than queues.MAX_SCANNED messages are left to those. Returns the
     ids put back (the sweep publishes them at once)."""
     resent: list[str] = []
     count = 0
@@ -141,10 +141,10 @@ def _resend_missing(now: datetime, *, skip: set[str]) -> list[str]:
                 continue
         except RedisError:
             continue
-        held = broker.held_job_ids(queue)  # None: too many to read, or Redis cannot tell
+        held = queues.held_job_ids(queue)  # None: too many to read, or Redis cannot tell
         if held is None:
             continue
-        suspects = waiting.values_list("id", flat=True)[: broker.MAX_SCANNED]
+        suspects = waiting.values_list("id", flat=True)[: queues.MAX_SCANNED]
         missing = [str(job_id) for job_id in suspects if str(job_id) not in held]
         if not missing:
             continue

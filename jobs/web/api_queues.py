@@ -9,8 +9,8 @@ from django.http import HttpRequest
 from ninja import Router, Schema
 from ninja.errors import HttpError
 
-from jobs.broker.broker import queue_depths
 from jobs.broker.pausing import pause, pause_detail, resume
+from jobs.broker.queues import queue_depths
 from jobs.core.conf import backlot_settings
 from jobs.flow.deadletters import audit
 

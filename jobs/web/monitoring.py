@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import Count, Min, Q
 from django.utils import timezone
 
-from jobs.broker import broker
+from jobs.broker import queues as broker_queues
 from jobs.broker.pausing import paused_queues
 from jobs.broker.redis import redis_client
 from jobs.broker.reservations import workers_present
@@ -49,7 +49,7 @@ def queue_stats() -> list[QueueStats]:
     kept by triggers), not jobs_job, which has no index on its state columns so that the
     workers' UPDATEs are HOT; its size is the active jobs', whatever the history's."""
     queues = backlot_settings().QUEUES
-    depths = broker.queue_depths(queues)
+    depths = broker_queues.queue_depths(queues)
     now = timezone.now()
     due = Q(scheduled_for__lte=now)
     rows = {

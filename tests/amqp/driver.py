@@ -152,10 +152,10 @@ def settings() -> dict[str, Any]:
 
 
 def depths() -> dict[str, Any]:
-    """The queue depths the dashboard, /health and /metrics read (jobs.broker.broker)."""
-    from jobs.broker import broker
+    """The queue depths the dashboard, /health and /metrics read (jobs.broker.queues)."""
+    from jobs.broker import queues
 
-    return broker.queue_depths(list(backlot_settings().QUEUES))
+    return queues.queue_depths(list(backlot_settings().QUEUES))
 
 
 def purge(queue: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Sum
 
 from jobs import enqueue_many
-from jobs.broker import broker, reservations
+from jobs.broker import queues, reservations
 from jobs.broker.redis import redis_client
 from jobs.enqueue.submit import enqueue as enqueue_one
 from jobs.flow.relay import LEASE_LAPSES, MISSING_RESENT
@@ -124,7 +124,7 @@ def missing(spec: dict[str, Any]) -> dict[str, Any]:
             published_at__isnull=False,
         ).values_list("id", flat=True)
     }
-    held = broker.held_job_ids(QUEUE)
+    held = queues.held_job_ids(QUEUE)
     if held is None:
         raise SystemExit("the new primary could not be read")
     return {"waiting": len(waiting), "held": len(held), "missing": sorted(waiting - held)}

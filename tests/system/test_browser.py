@@ -18,7 +18,7 @@ from django.db import connections
 from django.utils import timezone
 
 from config.celery import app as celery_app
-from jobs.broker.broker import queue_keys as broker_queue_keys
+from jobs.broker.queues import queue_keys as broker_queue_keys
 from jobs.broker.redis import redis_client
 from jobs.models import DeadLetter, DeadLetterStatus
 from tests.conftest import ROOT, Worker, wait_until

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from jobs.broker import amqp, broker
+from jobs.broker import amqp, broker, queues
 from jobs.core.conf import backlot_settings
 from jobs.web.checks import check_celery_settings, check_conflicting_celery_settings
 from jobs.worker.celery import platform_settings, platform_transport_options
@@ -66,7 +66,7 @@ def test_on_rabbitmq_only_a_job_due_now_goes_to_the_broker_and_rows_wait_for_the
 ):
     assert broker.takes_countdown(0) and not broker.takes_countdown(1)
     assert not broker.lists_held_messages()
-    assert broker.held_job_ids("default") is None  # RabbitMQ cannot show what it holds
+    assert queues.held_job_ids("default") is None  # RabbitMQ cannot show what it holds
 
 
 def test_on_redis_the_countdown_and_priorities_are_as_before(settings):

@@ -29,8 +29,8 @@ from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
 from jobs.broker import counters, fetch
-from jobs.broker.broker import queue_keys
 from jobs.broker.protocol import BELL, BELL_CAP
+from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings

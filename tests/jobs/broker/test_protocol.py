@@ -22,7 +22,7 @@ from celery import current_app
 from celery.signals import before_task_publish
 
 from jobs.broker import broker, protocol
-from jobs.broker.broker import queue_keys
+from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.core.masking import message_repr
 from jobs.models import Job, JobState

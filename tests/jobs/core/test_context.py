@@ -15,7 +15,7 @@ from django.urls import path
 from ninja import NinjaAPI
 
 from jobs import acting_as, dead_letter_replay, dead_letter_replay_many
-from jobs.broker.broker import queue_depths
+from jobs.broker.queues import queue_depths
 from jobs.models import DeadLetter, DeadLetterStatus, Job, JobState
 from tests.conftest import marks, wait_until
 from tests.support import std_tasks, tasks

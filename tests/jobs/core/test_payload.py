@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from jobs.broker.broker import queue_keys as broker_queue_keys
+from jobs.broker.queues import queue_keys as broker_queue_keys
 from jobs.broker.redis import redis_client
 from jobs.core.exceptions import InvalidPayload, PayloadTooLarge
 from jobs.core.payload import payload_check

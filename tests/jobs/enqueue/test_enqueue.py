@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import enqueue_many
-from jobs.broker.broker import queue_keys as broker_queue_keys
+from jobs.broker.queues import queue_keys as broker_queue_keys
 from jobs.broker.redis import redis_client
 from jobs.enqueue import submit
 from jobs.flow.relay import job_relay

@@ -15,7 +15,7 @@ from django.core.management import call_command
 
 from config.celery import app as celery_app
 from jobs import AlreadyFinished, JobHandle, cancel, enqueue_many
-from jobs.broker.broker import queue_keys
+from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.core.context import running
 from jobs.flow.relay import job_relay

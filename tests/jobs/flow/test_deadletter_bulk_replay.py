@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import dead_letter_replay_many
-from jobs.broker.broker import queue_depths
+from jobs.broker.queues import queue_depths
 from jobs.core.exceptions import PayloadTooLarge
 from jobs.models import DeadLetter, DeadLetterStatus, Job
 from tests.support import tasks  # noqa: F401  (registers tests.prioritized)

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from config.celery import app as celery_app
 from jobs import InvalidArguments, dead_letter_replay, dead_letter_replay_many, enqueue_many, ledger
-from jobs.broker.broker import queue_keys
+from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.flow import relay
 from jobs.flow.relay import job_relay

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from jobs import dead_letter_replay
-from jobs.broker.broker import held_job_ids
+from jobs.broker.queues import held_job_ids
 from jobs.core.exceptions import InvalidPayload
 from jobs.core.policies import DEFAULT_POLICY
 from jobs.flow.backends import RUNNER_NAME, CeleryBackend, backlot_priority

@@ -175,7 +175,7 @@ def test_degraded_health_alerts_once_and_announces_recovery(clean_redis, setting
 
 
 def test_relay_once_publishes_the_outbox(clean_redis):
-    from jobs.broker.broker import queue_keys as broker_queue_keys
+    from jobs.broker.queues import queue_keys as broker_queue_keys
 
     handle = tasks.prioritized.enqueue("k", "a")
     Job.objects.filter(id=handle.id).update(
@@ -190,7 +190,7 @@ def test_relay_once_publishes_the_outbox(clean_redis):
 
 
 def test_relay_resends_a_retry_whose_message_was_lost(clean_redis):
-    from jobs.broker.broker import queue_keys as broker_queue_keys
+    from jobs.broker.queues import queue_keys as broker_queue_keys
 
     # given: a retrying job, due a minute ago, published, but its message is gone from Redis
     handle = tasks.prioritized.enqueue("k", "a")
@@ -209,7 +209,7 @@ def test_relay_resends_a_retry_whose_message_was_lost(clean_redis):
 
 
 def test_relay_leaves_a_waiting_job_alone_while_its_queue_holds_messages(clean_redis):
-    from jobs.broker.broker import queue_keys as broker_queue_keys
+    from jobs.broker.queues import queue_keys as broker_queue_keys
 
     first = tasks.prioritized.enqueue("k", "a")
     tasks.prioritized.enqueue("k", "b")

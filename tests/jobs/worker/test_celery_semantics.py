@@ -647,7 +647,7 @@ def test_a_group_a_finished_job_chains_to_is_its_children_and_its_owners(worker,
 def test_delay_on_commit_returns_none_and_publishes_after_commit(worker, unique):
     from django.db import transaction
 
-    from jobs.broker.broker import queue_depths
+    from jobs.broker.queues import queue_depths
 
     # when: called inside the caller's transaction
     with transaction.atomic():
@@ -666,7 +666,7 @@ def test_delay_on_commit_returns_none_and_publishes_after_commit(worker, unique)
 def test_delay_on_commit_in_a_rolled_back_transaction_sends_nothing(worker, unique):
     from django.db import transaction
 
-    from jobs.broker.broker import queue_depths
+    from jobs.broker.queues import queue_depths
 
     class RolledBack(Exception):
         pass

@@ -464,7 +464,7 @@ def _held_anywhere(job_id: str) -> bool:
 
 
 def _in_lists(job_id: str) -> bool:
-    from jobs.broker.broker import queue_keys
+    from jobs.broker.queues import queue_keys
 
     client = redis_client()
     return any(
@@ -539,7 +539,7 @@ def test_a_message_redis_lost_is_sent_again_by_the_relay(
     # by hand (what a failover to a replica that missed it, or a flush, does)
     handle = fencing_jobs.noted.enqueue(unique)
     client = redis_client()
-    from jobs.broker.broker import queue_keys
+    from jobs.broker.queues import queue_keys
 
     removed = 0
     for key in queue_keys("reports"):

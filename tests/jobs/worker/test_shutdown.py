@@ -6,7 +6,7 @@ import signal
 import time
 
 from config.celery import app
-from jobs.broker.broker import queue_depths, unacknowledged
+from jobs.broker.queues import queue_depths, unacknowledged
 from jobs.models import DeadLetter, Job, JobState
 from jobs.testing import Worker as PlatformWorker
 from tests.conftest import LOG_DIR, ROOT, marks, wait_until

@@ -23,7 +23,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from jobs.broker.broker import queue_keys as broker_queue_keys
+from jobs.broker.queues import queue_keys as broker_queue_keys
 from jobs.flow.relay import RELAY_GRACE
 from jobs.models import Job, JobState
 from tests.conftest import ROOT, wait_until
