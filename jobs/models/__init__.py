@@ -12,7 +12,8 @@ from jobs.core.states import (
 from jobs.models.active import ActiveJob, ActiveJobQuerySet
 from jobs.models.batch import CALLBACK_KINDS, Batch, BatchQuerySet
 from jobs.models.deadletter import DEAD_LETTER_FILTERS, AuditEntry, DeadLetter, DeadLetterQuerySet
-from jobs.models.job import Effect, IdempotencyRecord, Job, JobQuerySet
+from jobs.models.job import Job, JobQuerySet
+from jobs.models.once import Effect, IdempotencyRecord
 from jobs.models.schedule import ScheduleFire, ScheduleFireQuerySet
 from jobs.models.step import JobSignal, JobStep, StepQuerySet, StepState
 
