@@ -51,7 +51,7 @@ _EXPORTS = {
     "BrokerUnavailable": "jobs.core.exceptions",
     "effect_once": "jobs.worker.effects",
     "effect_applied": "jobs.worker.effects",
-    "enqueue_many": "jobs.enqueue.submit",
+    "enqueue_many": "jobs.enqueue.fanout",
     "JobHandle": "jobs.enqueue.submit",
     "dead_letter_replay": "jobs.flow.deadletters",
     "dead_letter_replay_many": "jobs.flow.deadletters",
@@ -176,7 +176,8 @@ if TYPE_CHECKING:
         Retryable,
         RetryPolicy,
     )
-    from jobs.enqueue.submit import JobHandle, enqueue_many
+    from jobs.enqueue.fanout import enqueue_many
+    from jobs.enqueue.submit import JobHandle
     from jobs.flow.batches import Batch, BatchEnded, batch, current_batch
     from jobs.flow.cancellation import Cancellation, cancel
     from jobs.flow.deadletters import (

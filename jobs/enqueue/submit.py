@@ -4,10 +4,9 @@ after commit (the row is the outbox: what the broker did not take, the relay sen
 
 from __future__ import annotations
 
-import functools
 import logging
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,12 +18,11 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from jobs import ledger
-from jobs.broker import broker, slots
-from jobs.core import context, events, tracing
+from jobs.broker import broker
+from jobs.core import events, tracing
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable
 from jobs.core.options import (
-    arguments_checker,
     check_arguments,
     check_priority,
     check_queue,
@@ -33,7 +31,8 @@ from jobs.core.options import (
 )
 from jobs.core.payload import payload_check
 from jobs.core.states import JobState
-from jobs.enqueue.publish import Enqueueable, park_at_gates, publish_job
+from jobs.enqueue.lineage import born_cancelled, join_batch, lineage, on_commit_or_now
+from jobs.enqueue.publish import Enqueueable, publish_job
 from jobs.enqueue.routing import job_queue
 from jobs.models import Job
 
@@ -64,47 +63,6 @@ class JobHandle:
 
     def job(self) -> Job:
         return Job.objects.get(id=self.id)
-
-
-def _lineage(owner: Any, detached: bool) -> dict[str, Any]:
-    """owner_id and parent_id of a new job (see enqueue)."""
-    running = None if detached else context.running_job()
-    if running is not None and running.before_child is not None:
-        running.before_child()  # a run whose claim is deferred writes it before its children
-    user = owner if getattr(owner, "pk", None) else context.acting_user()
-    return {
-        "owner_id": user.pk if user is not None else (running.owner_id if running else None),
-        "parent_id": running.job_id if running else None,
-    }
-
-
-def _born_cancelled(job: Job, now: datetime, parent_stopping: bool | None = None) -> bool:
-    """A job enqueued by a job that is cancelled or asked to stop (a chord's callback sent
-    after its cancelled member, a child enqueued before the run saw its request) is cancelled
-    at birth: written as cancelled, never published. `parent_stopping`: the caller knows it
-    (the parent has finished, so it no longer changes), else it is read."""
-    if job.parent_id is None:
-        return False
-    if parent_stopping is None:
-        parent_stopping = Job.objects.stopping().filter(id=job.parent_id).exists()
-    if not parent_stopping:
-        return False
-    job.state = JobState.CANCELLED
-    job.cancel_requested_at = job.finished_at = now
-    job.scheduled_for = None
-    return True
-
-
-def _join_batch(job: Job, task: Enqueueable) -> context.JoiningBatch | None:
-    """The batch open around this enqueue (``with jobs.batch(...)``), which the job joins; its
-    counters take the job when the block ends, in the same transaction."""
-    joining = context.joining_batch()
-    if joining is None:
-        return None
-    if not task.track:
-        raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
-    job.batch_id = joining.batch_id
-    return joining
 
 
 # What _insert did with a job sent under a given id (see there).
@@ -143,13 +101,6 @@ def _insert(job: Job, *, replacing: bool) -> str:
             f"task_id {job.id} is already the id of a {state} job of {task_name}: a job id "
             "names one job; send this one without task_id (a new id)"
         ) from None
-
-
-def _on_commit_or_now(on_commit: bool, send: Callable[[], None]) -> None:
-    if on_commit:
-        transaction.on_commit(send)
-    else:
-        send()
 
 
 def enqueue(
@@ -210,7 +161,7 @@ def enqueue(
         kwargs=kwargs,
         queue=queue,
         priority=priority,
-        **_lineage(owner, detached),
+        **lineage(owner, detached),
         idempotency_key=idempotency_key or "",
         state=JobState.SCHEDULED if start_at else JobState.QUEUED,
         max_attempts=task.policy.max_attempts,
@@ -221,13 +172,13 @@ def enqueue(
             queue=queue, task=task.name, job_id=str(job_id), parent=trace_parent
         ),
     )
-    joining = _join_batch(job, task)
+    joining = join_batch(job, task)
     if not task.track:
         if idempotency_key:
             raise ValueError(f"{task.name} has track=False: idempotency keys need the job ledger")
-        _on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
+        on_commit_or_now(on_commit, lambda: _publish_untracked(job, task, publish_options))
         return JobHandle(id=str(job.id), task_name=task.name, enqueued_at=now)
-    if _born_cancelled(job, now, parent_stopping):
+    if born_cancelled(job, now, parent_stopping):
         if task_id is not None and Job.objects.filter(id=job.id).exists():
             # the task of a Task.replace(), its replaced job's row already there: nothing to send
             return JobHandle(id=str(job.id), task_name=task.name)
@@ -260,7 +211,7 @@ def enqueue(
             def resend_revoked() -> None:
                 publish_job(job=job, task=task, options=publish_options, mark_published=False)
 
-            _on_commit_or_now(on_commit, resend_revoked)
+            on_commit_or_now(on_commit, resend_revoked)
             return JobHandle(id=str(job.id), task_name=task.name, created=False)
     if joining is not None:
         joining.added += 1
@@ -276,7 +227,7 @@ def enqueue(
             ledger.unpublish(job.id)  # the broker is away: the relay publishes it
         _announce(job)
 
-    _on_commit_or_now(on_commit, accepted)
+    on_commit_or_now(on_commit, accepted)
     # a row a Task.replace() took over (task_id given) keeps the enqueued_at of the job replaced
     return JobHandle(
         id=str(job.id), task_name=task.name, enqueued_at=now if task_id is None else None
@@ -300,112 +251,3 @@ def _publish_untracked(job: Job, task: Enqueueable, options: Mapping[str, Any] |
     if not publish_job(job=job, task=task, options=options):
         raise BrokerUnavailable(f"Broker unavailable: untracked job {task.name} was not sent")
     _announce(job)
-
-
-def enqueue_many(
-    task: Enqueueable,
-    calls: Sequence[tuple[Sequence[Any], Mapping[str, Any]]],
-    *,
-    priority: int | None = None,
-    owner: Any = None,
-    on_commit: bool = True,
-    queue: str | None = None,
-    replay_of: Sequence[int] | None = None,
-    detached: bool = False,
-) -> list[str]:
-    """Accept many jobs of one task at once; returns their ids, in the order of `calls`.
-
-    For fan-outs (a campaign's recipients): ledger rows by COPY, messages through one pipelined
-    publish, each chunk marked published once the broker took it. No idempotency keys here:
-    the caller records which items it enqueued in the same transaction. Every payload is
-    checked before anything is written, so a bad one fails the whole call and nothing is
-    half-accepted (arguments are checked against the job's signature the same way).
-    """
-    # a shared_task's Proxy resolves every attribute it is asked for (~10 calls each, three
-    # a call below): resolved once here
-    task = getattr(task, "_get_current_object", lambda: task)()
-    priority = check_priority(task.default_priority if priority is None else priority)
-    max_bytes = backlot_settings().MAX_PAYLOAD_BYTES
-    links: list[int | None] = list(replay_of) if replay_of is not None else [None] * len(calls)
-    rows = []
-    check = arguments_checker(task)  # the signature bound once per shape of arguments
-    for (call_args, call_kwargs), link in zip(calls, links, strict=True):
-        args, kwargs = list(call_args), dict(call_kwargs)
-        check(args, kwargs)
-        payload_check(task_name=task.name, args=args, kwargs=kwargs, max_bytes=max_bytes)
-        rows.append(ledger.NewRow(uuid.uuid4(), args, kwargs, link))
-    # routed by the first call's arguments (a fan-out's calls share one queue)
-    first_args, first_kwargs = calls[0] if calls else ((), {})
-    queue = job_queue(task, first_args, first_kwargs, queue)
-    queue = check_queue(queue) if task.track else queue
-    carrier = tracing.job_published(queue=queue, task=task.name, count=len(rows))
-    if task.track:
-        prototype = Job(
-            task_name=task.name,
-            queue=queue,
-            priority=priority,
-            **_lineage(owner, detached),
-            state=JobState.QUEUED,
-            max_attempts=task.policy.max_attempts,
-            enqueued_at=timezone.now(),
-            trace_context=carrier,
-        )
-        joining = _join_batch(prototype, task)
-        if _born_cancelled(prototype, prototype.enqueued_at):
-            ledger.insert_many(prototype=prototype, rows=rows)
-            if joining is not None:
-                joining.born_cancelled += len(rows)
-            return [str(row.id) for row in rows]
-        # copied already marked published, as enqueue() inserts its row: no UPDATE of every
-        # row after the publish; those the broker did not take go back to the outbox below
-        # (on RabbitMQ each chunk is marked once the broker confirmed it, as enqueue() does)
-        if broker.lists_held_messages():
-            prototype.published_at = prototype.enqueued_at
-        ledger.insert_many(prototype=prototype, rows=rows)
-        if joining is not None:
-            joining.added += len(rows)
-    elif context.joining_batch() is not None:
-        raise ValueError(f"{task.name} has track=False: a batch's members need the job ledger")
-
-    # rows inserted unpublished (RabbitMQ) are marked as the broker takes them
-    unmarked = task.track and not broker.lists_held_messages()
-    mark_sent = functools.partial(ledger.mark_published, attempts=0) if unmarked else None
-
-    def publish() -> None:
-        todo = rows
-        if slots.limited(task):  # they wait at their gates, which publish them (jobs.broker.slots)
-            waiting = [
-                Job(id=row.id, args=row.args, kwargs=row.kwargs, queue=queue, priority=priority)
-                for row in rows
-            ]
-            for job in waiting:
-                job.trace_context = carrier
-            kept = park_at_gates(task, waiting, None)
-            if kept and mark_sent is not None:
-                mark_sent(sorted(kept))
-            todo = [row for row in rows if str(row.id) not in kept]
-            if not todo:
-                return
-        messages = [(str(row.id), row.args, row.kwargs) for row in todo]
-        sent = broker.publish_many(
-            task=task,
-            jobs=messages,
-            queue=queue,
-            priority=priority,
-            trace_context=carrier,
-            on_chunk=mark_sent,
-        )
-        if sent == len(todo):
-            return
-        if not task.track:
-            raise BrokerUnavailable(
-                f"Broker unavailable: {len(todo) - sent} untracked {task.name} jobs not sent"
-            )
-        if mark_sent is not None:
-            return  # the rest were never marked: the relay publishes them
-        unsent = [row.id for row in todo[sent:]]  # the relay publishes them
-        for start in range(0, len(unsent), ledger.BULK_BATCH):
-            ledger.unpublish(*unsent[start : start + ledger.BULK_BATCH])
-
-    _on_commit_or_now(on_commit, publish)
-    return [str(row.id) for row in rows]

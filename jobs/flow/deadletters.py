@@ -19,7 +19,8 @@ from jobs.broker.broker import BULK_BATCH
 from jobs.core import context, events
 from jobs.core.exceptions import InvalidArguments, ReplayError, UnknownTask
 from jobs.core.options import arguments_checker, replay_options
-from jobs.enqueue.submit import JobHandle, enqueue, enqueue_many
+from jobs.enqueue.fanout import enqueue_many
+from jobs.enqueue.submit import JobHandle, enqueue
 from jobs.ledger import batch as batch_ledger
 from jobs.models import AuditEntry, DeadLetter, DeadLetterStatus
 from jobs.worker.registry import task_by_name

@@ -34,7 +34,7 @@ from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings
-from jobs.enqueue.submit import enqueue_many
+from jobs.enqueue.fanout import enqueue_many
 from jobs.models import Job, JobState
 from tests.conftest import Worker, marks, wait_until
 from tests.jobs.broker.test_redis_sentinel import MASTER

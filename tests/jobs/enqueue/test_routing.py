@@ -13,7 +13,7 @@ import pytest
 from django.db import transaction
 
 from config.celery import app
-from jobs.enqueue.submit import enqueue_many
+from jobs.enqueue.fanout import enqueue_many
 from jobs.models import Job, JobState
 from jobs.testing import Worker as PlatformWorker
 from tests.conftest import LOG_DIR, ROOT, wait_until

@@ -24,7 +24,7 @@ from django.utils import timezone
 import jobs
 from jobs import ledger
 from jobs.broker.redis import redis_client
-from jobs.enqueue.submit import enqueue_many
+from jobs.enqueue.fanout import enqueue_many
 from jobs.flow.batches import batch_cancel, batch_replay_dead
 from jobs.flow.relay import job_relay
 from jobs.ledger.batch import callback_job_id
