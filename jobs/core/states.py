@@ -25,6 +25,8 @@ does not allow changes nothing. tests/jobs/core/test_states.py walks the table a
     sleep            running (this run's attempt)           scheduled (durable sleep, no attempt)
 
     * once due (scheduled_for has come)   † only once its lease has lapsed
+    A claim also sets published_at where it is unset: the message was delivered, whether or
+    not the broker's confirm has marked the row yet (RabbitMQ marks after it).
 
 A batch (jobs.flow.batches) has states of its own, in BATCH_TRANSITIONS; its writes are in
 jobs.ledger.batch, each in the transaction of the member's write that causes it:

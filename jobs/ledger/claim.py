@@ -54,7 +54,8 @@ class Dropped:
 _CLAIM_SQL = """
 UPDATE {table} SET state = %s, attempts = attempts + 1, deliveries = deliveries + 1,
     started_at = COALESCE(started_at, %s), last_started_at = %s, lease_expires_at = %s,
-    lease_owner = %s, crashes = crashes + (CASE WHEN state = %s THEN 1 ELSE 0 END)
+    lease_owner = %s, published_at = COALESCE(published_at, %s),
+    crashes = crashes + (CASE WHEN state = %s THEN 1 ELSE 0 END)
 WHERE id = %s AND (
     state = %s
     OR (state IN (%s, %s) AND (scheduled_for IS NULL OR scheduled_for <= %s))
@@ -120,6 +121,7 @@ def claim_delivery(
                 "scheduled_for",
                 "owner",
                 "crashes",
+                "published_at",
             )
             .filter(id=job_id)
             .first()
@@ -166,6 +168,7 @@ def claim_delivery(
         job.lease_expires_at = now + timedelta(seconds=lease_seconds)
         job.lease_owner = token
         job.crashes += 1 if expired else 0
+        job.published_at = job.published_at or now  # delivered: out of the outbox in any case
         job.save(
             update_fields=[
                 "state",
@@ -175,6 +178,7 @@ def claim_delivery(
                 "lease_expires_at",
                 "lease_owner",
                 "crashes",
+                "published_at",
             ]
         )
         Job.objects.filter(id=job_id).update(deliveries=F("deliveries") + 1)
@@ -210,6 +214,7 @@ def _claim_in_one_statement(
         at(now),
         at(now + timedelta(seconds=lease_seconds)),
         fields["lease_owner"].get_db_prep_value(token, db),
+        at(now),  # published_at, if the broker's confirm has not marked it yet (RabbitMQ)
         JobState.RUNNING,
         fields["id"].get_db_prep_value(uuid.UUID(str(job_id)), db),
         JobState.QUEUED,

@@ -1,10 +1,12 @@
 """jobs.ledger.accept.insert_many: the COPY of a fan-out's rows (its constant columns written
 once as COPY text, per row only id, args, kwargs and replay link) stores what the ORM's own
-INSERT of the same jobs stores, field for field, awkward values included (PostgreSQL)."""
+INSERT of the same jobs stores, field for field, awkward values included (PostgreSQL); the
+published mark and the claim agree on when a row left the outbox."""
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -120,6 +122,27 @@ def test_a_published_mark_skips_a_row_claimed_since_its_message_was_sent(many: b
     if many:
         sent.refresh_from_db()
         assert sent.published_at == now
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["unmarked", "marked"])
+def test_a_claim_marks_a_row_whose_published_mark_has_not_landed(published: bool) -> None:
+    # RabbitMQ: a worker may claim the job before the broker's confirm marks its row; the mark
+    # then skips it (above), and the claim says the message left the outbox
+    sent_at = timezone.now() - timedelta(seconds=5)
+    job = Job.objects.create(
+        task_name="tests.add", state=JobState.QUEUED, published_at=sent_at if published else None
+    )
+
+    claimed = ledger.claim(job_id=str(job.id), lease_seconds=30)
+    marked = ledger.mark_published([job.id], attempts=0)
+
+    assert claimed is not None and marked == 0
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and job.published_at is not None
+    if published:
+        assert job.published_at == sent_at  # a row marked already keeps its mark
+    else:
+        assert job.published_at == job.last_started_at  # the claim's time
 
 
 def test_new_job_builds_the_row_job_init_builds_and_stores_it_alike(admin_user) -> None:
