@@ -6,16 +6,14 @@ Reads one JSON command per line on stdin, answers one JSON line on stdout:
 {"cmd": "enqueue", "task": "tests.add", "args": [...], "kwargs": {...}, "options": {...}}.
 
 `python -m tests.amqp.driver relay` is the site's relay instead: `manage.py jobs relay` itself,
-in a process that knows the test jobs as a project's relay knows the project's.
+in a process that knows the test jobs as a project's relay knows the project's. The commands
+and the protocol shared with tests.sqlite.driver are tests.support.driver's.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import sys
-import traceback
-from collections.abc import Callable
 from typing import Any
 
 import django
@@ -23,80 +21,21 @@ import django
 django.setup()
 
 from django.core.management import call_command  # noqa: E402 (after django.setup())
-from django.db import connection, transaction  # noqa: E402 (after django.setup())
+from django.db import connection  # noqa: E402 (after django.setup())
 
 import jobs  # noqa: E402 (after django.setup())
-from jobs import cancel, dead_letter_replay, enqueue_many  # noqa: E402
+from jobs import enqueue_many  # noqa: E402
 from jobs.core.conf import backlot_settings  # noqa: E402
-from jobs.flow.relay import job_relay  # noqa: E402
-from jobs.models import Batch, DeadLetter, Job  # noqa: E402
+from jobs.models import Batch  # noqa: E402
 from jobs.worker.registry import task_by_name  # noqa: E402
 from tests.amqp import jobs as amqp_jobs  # noqa: E402 (registers the suite's jobs)
-from tests.support import tasks as _tasks  # noqa: E402 (registers the test jobs)
-
-
-def _row(job: Job) -> dict[str, Any]:
-    return {
-        "id": str(job.id),
-        "task": job.task_name,
-        "state": job.state,
-        "attempts": job.attempts,
-        "deliveries": job.deliveries,
-        "crashes": job.crashes,
-        "error": job.error,
-        "published": job.published_at is not None,
-        "replay_of": job.replay_of_id,
-        "result": job.result,
-    }
-
-
-def enqueue(task: str, args: list, kwargs: dict, options: dict) -> dict[str, Any]:
-    handle = task_by_name(task).using(**options).enqueue(*args, **kwargs)
-    return {"id": handle.id}
+from tests.support import driver  # noqa: E402
+from tests.support import tasks as _tasks  # noqa: E402 (the test jobs)
 
 
 def apply_async(task: str, args: list, kwargs: dict, options: dict) -> dict[str, Any]:
     """Celery's call, with Celery's options (expires, countdown...)."""
     return {"id": task_by_name(task).apply_async(args, kwargs, **options).id}
-
-
-def enqueue_many_(task: str, calls: list) -> dict[str, Any]:
-    with transaction.atomic():
-        ids = enqueue_many(task_by_name(task), [(a, k) for a, k in calls])
-    return {"ids": ids}
-
-
-def jobs_(ids: list[str]) -> dict[str, Any]:
-    rows = {str(j.id): _row(j) for j in Job.objects.filter(id__in=ids)}
-    return {"jobs": [rows.get(i) for i in ids]}
-
-
-def dead_letters(ids: list[str]) -> dict[str, Any]:
-    return {
-        "dead_letters": [
-            {
-                "id": d.pk,
-                "job_id": str(d.job_id_value),
-                "exception": d.exception_class,
-                "message": d.exception_message,
-            }
-            for d in DeadLetter.objects.filter(job_id_value__in=ids)
-        ]
-    }
-
-
-def replay(dead_letter_id: int) -> dict[str, Any]:
-    handle = dead_letter_replay(dead_letter=DeadLetter.objects.get(pk=dead_letter_id))
-    return {"id": handle.id}
-
-
-def cancel_(job_id: str) -> dict[str, Any]:
-    done = cancel(job_id)
-    return {"state": done.state, "cancelled": done.cancelled, "requested": done.requested}
-
-
-def relay() -> dict[str, Any]:
-    return {"sent": job_relay()}
 
 
 def command(args: list[str]) -> dict[str, Any]:
@@ -167,15 +106,9 @@ def purge(queue: str) -> dict[str, Any]:
         return {"purged": channel.queue_purge(queue)}
 
 
-COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
-    "enqueue": enqueue,
+COMMANDS: dict[str, driver.Command] = {
+    **driver.COMMANDS,
     "apply_async": apply_async,
-    "enqueue_many": enqueue_many_,
-    "jobs": jobs_,
-    "dead_letters": dead_letters,
-    "replay": replay,
-    "cancel": cancel_,
-    "relay": relay,
     "command": command,
     "batch": batch,
     "batch_state": batch_state,
@@ -186,22 +119,8 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
 }
 
 
-def main() -> None:
-    for line in sys.stdin:
-        request = json.loads(line)
-        handler = COMMANDS[request.pop("cmd")]
-        try:
-            answer: dict[str, Any] = {"ok": handler(**request)}
-        except Exception as exc:  # noqa: BLE001 - the test reads the failure
-            answer = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-        finally:
-            connection.close()  # no connection (or read snapshot) held between commands
-        sys.stdout.write(json.dumps(answer, default=str) + "\n")
-        sys.stdout.flush()
-
-
 if __name__ == "__main__":
     if sys.argv[1:2] == ["relay"]:
         call_command("jobs", "relay", *sys.argv[2:])
     else:
-        main()
+        driver.serve(COMMANDS)

@@ -5,7 +5,6 @@ processes started on them (workers, the relay, drivers) and the tests' ways in."
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -23,10 +22,10 @@ from celery import Celery
 from kombu import Connection
 
 from jobs.testing import Worker as PlatformWorker
-from jobs.testing import wait_until
 from tests.amqp.jobs import EFFECTS_TABLE
 from tests.amqp.rabbitmq import RabbitMQ
 from tests.conftest import LOG_DIR, ROOT
+from tests.support.driver_process import Driver
 from tests.system.faults.conftest import PrivateRedis
 
 # Worker processes: 2 workers x 2 pool processes, each taking 4 messages per pool process ahead
@@ -166,69 +165,6 @@ class Process:
                 self.process.wait(timeout=10)
 
 
-class Driver:
-    """The driver process (tests/amqp/driver.py): one JSON command in, one answer out."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        LOG_DIR.mkdir(parents=True, exist_ok=True)
-        self.log_path = LOG_DIR / f"amqp-driver-{uuid.uuid4().hex[:6]}.log"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.amqp.driver"],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-            )
-
-    def __call__(self, cmd: str, **arguments: Any) -> Any:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise AssertionError(f"the driver exited:\n{self.log_path.read_text()[-3000:]}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise AssertionError(f"driver {cmd}: {answer['error']}\n{answer['traceback']}")
-        return answer["ok"]
-
-    def enqueue(self, task: str, *args: Any, kwargs: dict | None = None, **options: Any) -> str:
-        """task.using(**options).enqueue(*args, **kwargs); the job's id."""
-        answer = self("enqueue", task=task, args=list(args), kwargs=kwargs or {}, options=options)
-        return str(answer["id"])
-
-    def enqueue_many(self, task: str, calls: list[tuple[list, dict]]) -> list[str]:
-        """enqueue_many(task, calls) in one transaction; the jobs' ids."""
-        return list(self("enqueue_many", task=task, calls=[[a, k] for a, k in calls])["ids"])
-
-    def jobs(self, ids: list[str]) -> list[dict[str, Any]]:
-        return list(self("jobs", ids=ids)["jobs"])
-
-    def wait_states(
-        self, ids: list[str], states: set[str], timeout: float = 60, what: str = "jobs"
-    ) -> list[dict[str, Any]]:
-        """Poll until every job is in one of `states`; returns their rows."""
-
-        def settled() -> list[dict[str, Any]] | None:
-            rows = self.jobs(ids)
-            return rows if all(r and r["state"] in states for r in rows) else None
-
-        return list(wait_until(settled, timeout=timeout, interval=0.25, what=what))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            assert self.process.stdin is not None
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
 class Site:
     """A RabbitMQ vhost with a database and a Redis of its own, the processes started on them,
     and the tests' ways in: the driver, the Redis marks, rabbitmqctl."""
@@ -272,7 +208,7 @@ class Site:
 
     def start_driver(self, env: dict[str, str] | None = None) -> Driver:
         """A driver on the site (the first one is `site.driver`), with `env` changed."""
-        driver = Driver({**self.env, **(env or {})})
+        driver = Driver("tests.amqp.driver", {**self.env, **(env or {})}, "amqp")
         if self._driver is None:
             self._driver = driver
         return driver

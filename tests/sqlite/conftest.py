@@ -10,7 +10,6 @@ its own whose DATABASE_URL and REDIS_URL point at this suite's file and Redis.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,8 +25,8 @@ from celery import Celery
 
 from config.celery import app as project_app
 from jobs.testing import Worker as PlatformWorker
-from jobs.testing import wait_until
 from tests.conftest import LOG_DIR, ROOT
+from tests.support.driver_process import Driver
 from tests.system.faults.conftest import PrivateRedis
 
 # Worker processes: 2 workers x 2 pool processes, as the issue asks (4 processes on one file).
@@ -70,68 +69,6 @@ class SQLiteWorker(PlatformWorker):
         if self.process.poll() is not None:
             raise AssertionError(f"worker {self.name} exited:\n{self.output()[-3000:]}")
         return bool(self.control.ping(destination=[self.name], timeout=0.5))
-
-
-class Driver:
-    """The driver process (tests/sqlite/driver.py): one JSON command in, one answer out."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.log_path = LOG_DIR / f"sqlite-driver-{uuid.uuid4().hex[:6]}.log"
-        with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "tests.sqlite.driver"],
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-            )
-
-    def __call__(self, cmd: str, **arguments: Any) -> Any:
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write(json.dumps({"cmd": cmd, **arguments}) + "\n")
-        self.process.stdin.flush()
-        line = self.process.stdout.readline()
-        if not line:
-            raise AssertionError(f"the driver exited:\n{self.log_path.read_text()[-3000:]}")
-        answer = json.loads(line)
-        if "error" in answer:
-            raise AssertionError(f"driver {cmd}: {answer['error']}\n{answer['traceback']}")
-        return answer["ok"]
-
-    def enqueue(self, task: str, *args: Any, kwargs: dict | None = None, **options: Any) -> str:
-        """task.using(**options).enqueue(*args, **kwargs) on SQLite; the job's id."""
-        answer = self("enqueue", task=task, args=list(args), kwargs=kwargs or {}, options=options)
-        return str(answer["id"])
-
-    def enqueue_many(self, task: str, calls: list[tuple[list, dict]]) -> list[str]:
-        """enqueue_many(task, calls) in one transaction on SQLite; the jobs' ids."""
-        return list(self("enqueue_many", task=task, calls=[[a, k] for a, k in calls])["ids"])
-
-    def jobs(self, ids: list[str]) -> list[dict[str, Any]]:
-        return list(self("jobs", ids=ids)["jobs"])
-
-    def wait_states(
-        self, ids: list[str], states: set[str], timeout: float = 60, what: str = "jobs"
-    ) -> list[dict[str, Any]]:
-        """Poll until every job is in one of `states`; returns their rows."""
-
-        def settled() -> list[dict[str, Any]] | None:
-            rows = self.jobs(ids)
-            return rows if all(r and r["state"] in states for r in rows) else None
-
-        return list(wait_until(settled, timeout=timeout, interval=0.25, what=what))
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            assert self.process.stdin is not None
-            self.process.stdin.close()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 class SQLiteSite:
@@ -212,7 +149,7 @@ def sqlite_site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SQLiteSite
     driver: Driver | None = None
     try:
         _migrate(env)
-        driver = Driver(env)
+        driver = Driver("tests.sqlite.driver", env, "sqlite")
         workers = [SQLiteWorker(f"sqlite{n}", env, control) for n in range(WORKERS)]
         yield SQLiteSite(path, driver, broker, env, control, workers)
     finally:
