@@ -8,6 +8,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -17,6 +18,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import ngettext
 
 from jobs.admin.base import EstimatedCountPaginator, ReadOnlyAdmin, pretty_json
+from jobs.broker import running
 from jobs.core.exceptions import InvalidPayload, SignalRefused
 from jobs.core.masking import mask_value
 from jobs.flow.cancellation import cancel_many
@@ -62,12 +64,23 @@ class SignalForm(forms.Form):
     payload = forms.JSONField(required=False, help_text="JSON the job's wait_for() returns.")
 
 
+class JobChangeList(ChangeList):
+    """The job list, with its page's runs that have not written their row yet (DEFER_CLAIM)
+    read in one Redis call: their state column says running, as the status API does."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        unclaimed = running.unclaimed(self.result_list)
+        for job in self.result_list:
+            job.runs_unclaimed = str(job.pk) in unclaimed
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "task_name",
-        "state",
+        "shown_state",
         "queue",
         "priority",
         "attempts",
@@ -85,6 +98,16 @@ class JobAdmin(ReadOnlyAdmin):
     readonly_fields = [f.name for f in Job._meta.fields if f.name not in ("args", "kwargs")] + [
         "arguments"
     ]
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    @admin.display(description="state", ordering="state")
+    def shown_state(self, obj: Job) -> str:
+        """The row's state; running for a run that has not written its row yet (DEFER_CLAIM)."""
+        if getattr(obj, "runs_unclaimed", False):
+            return str(JobState.RUNNING.label)
+        return str(obj.get_state_display())
 
     @admin.display(description="arguments")
     def arguments(self, obj: Job) -> str:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import pytest
 from django.utils import timezone
 
+from jobs.broker import running
 from jobs.models import DeadLetter, DeadLetterStatus, Job, JobState
 from tests.conftest import wait_until
 from tests.support import tasks
@@ -286,3 +288,32 @@ def test_retry_without_the_replay_permission_is_403(client, viewer):
         "/admin/jobs/job/", {"action": "retry_selected", "_selected_action": [dead.pk]}
     )
     assert forged.status_code == 403
+
+
+@pytest.mark.parametrize("defer", [True, False], ids=["deferred", "claimed"])
+def test_the_job_list_shows_a_run_that_has_not_written_its_row_as_running(
+    admin_client, clean_redis, settings, defer
+):
+    # given two queued jobs, and a run of the first one started without writing its row (the
+    # record a solo worker's delivery takes with DEFER_CLAIM, jobs.broker.running)
+    settings.BACKLOT = {**settings.BACKLOT, "DEFER_CLAIM": defer}
+    started, waiting = (
+        Job.objects.create(task_name="tests.add", state=JobState.QUEUED) for _ in range(2)
+    )
+    running.start(str(started.id), str(uuid.uuid4()), 30)
+
+    # when an operator opens the job list
+    page = admin_client.get("/admin/jobs/job/").content.decode()
+
+    # then the started one says running (with DEFER_CLAIM), the other queued, as their rows
+    # and the status API would say
+    def state_of(job: Job) -> str:
+        (row,) = [r for r in re.findall(r"<tr>.*?</tr>", page, re.S) if str(job.id) in r]
+        cell = re.search(r'class="field-shown_state">([^<]*)<', row)
+        assert cell is not None, row
+        return cell[1]
+
+    assert state_of(started) == ("Running" if defer else "Queued")
+    assert state_of(waiting) == "Queued"
+    started.refresh_from_db()
+    assert started.state == JobState.QUEUED  # the row itself is not written
