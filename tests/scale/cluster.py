@@ -14,6 +14,7 @@ execs the command: the PID we hold is the server's or worker's own, and we stop 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import re
@@ -391,6 +392,19 @@ class Process(Service):
 
     def start(self) -> None:
         self.spawn(netns(self.namespace, *self.args), env=self.env)
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        """The JSON lines it logged so far (a load driver's progress reports), in order."""
+        return [
+            json.loads(line)
+            for line in self.log_path.read_text(errors="replace").splitlines()
+            if line.startswith("{")
+        ]
+
+    def accepted(self) -> int:
+        """How many jobs a load driver reported accepted so far (0 before its first report)."""
+        lines = self.json_lines()
+        return int(lines[-1]["accepted"]) if lines else 0
 
 
 class Postgres(Service):

@@ -89,19 +89,6 @@ class FailoverRun:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def load_lines(load: Process) -> list[dict[str, Any]]:
-    lines = []
-    for line in load.log_path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            lines.append(json.loads(line))
-    return lines
-
-
-def accepted(load: Process) -> int:
-    lines = load_lines(load)
-    return lines[-1]["accepted"] if lines else 0
-
-
 def replica_online(primary: Redis) -> bool:
     info = primary.cli("info", "replication")
     return "connected_slaves:1" in info and "state=online" in info
@@ -195,7 +182,7 @@ def failover_run() -> Iterator[FailoverRun]:
         )  # fmt: skip
         others.append(load)
         load.start()
-        wait_until(lambda: load.alive() and accepted(load) >= KILL_AT, timeout=120,
+        wait_until(lambda: load.alive() and load.accepted() >= KILL_AT, timeout=120,
                    what=f"{KILL_AT} jobs accepted")  # fmt: skip
 
         # The replica falls behind: from here on it receives nothing from the primary.
@@ -203,12 +190,12 @@ def failover_run() -> Iterator[FailoverRun]:
         moments["cut"] = time.time()
         burst_file.touch()
         wait_until(
-            lambda: load.alive() and any("burst" in line for line in load_lines(load)),
+            lambda: load.alive() and any("burst" in line for line in load.json_lines()),
             timeout=60,
             what="the burst accepted",
         )
-        after = accepted(load) + AFTER_BURST
-        wait_until(lambda: load.alive() and accepted(load) >= min(after, JOBS + BURST),
+        after = load.accepted() + AFTER_BURST
+        wait_until(lambda: load.alive() and load.accepted() >= min(after, JOBS + BURST),
                    timeout=60, what="more jobs accepted after the burst")  # fmt: skip
 
         # The primary's host is lost: its server killed, then its link cut for good (what the
@@ -228,7 +215,7 @@ def failover_run() -> Iterator[FailoverRun]:
         moments["missing_read"] = time.time()
         assert load.process is not None
         load.process.wait(timeout=JOBS / RATE + 180)
-        load_result = load_lines(load)[-1]
+        load_result = load.json_lines()[-1]
         drain = driver(
             "wait",
             timeout=DRAIN_TIMEOUT + 30,

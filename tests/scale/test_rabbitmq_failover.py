@@ -95,19 +95,6 @@ class RabbitFailoverRun:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def load_lines(load: Process) -> list[dict[str, Any]]:
-    return [
-        json.loads(line)
-        for line in load.log_path.read_text(errors="replace").splitlines()
-        if line.startswith("{")
-    ]
-
-
-def accepted(load: Process) -> int:
-    lines = load_lines(load)
-    return lines[-1]["accepted"] if lines else 0
-
-
 def broker_url(nodes: list[RabbitNode], first: int) -> str:
     """kombu's failover list of every node, starting with nodes[first]."""
     ordered = nodes[first:] + nodes[:first]
@@ -211,7 +198,7 @@ def rabbit_run() -> Iterator[RabbitFailoverRun]:
         others.append(load)
         moments["load"] = time.time()
         load.start()
-        wait_until(lambda: load.alive() and accepted(load) >= KILL_AT, timeout=120,
+        wait_until(lambda: load.alive() and load.accepted() >= KILL_AT, timeout=120,
                    what=f"{KILL_AT} jobs accepted")  # fmt: skip
 
         # The node leading the queue dies: kill -9 of its beam.smp.
@@ -231,7 +218,7 @@ def rabbit_run() -> Iterator[RabbitFailoverRun]:
 
         assert load.process is not None
         load.process.wait(timeout=JOBS / RATE + 180)
-        load_result = load_lines(load)[-1]
+        load_result = load.json_lines()[-1]
         in_ledger = load_result["accepted"] + len(load_result["committed_anyway"])
         drain = driver(
             "wait", timeout=DRAIN_TIMEOUT + 30, total=in_ledger, within=DRAIN_TIMEOUT
