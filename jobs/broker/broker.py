@@ -160,11 +160,12 @@ def publish_many(
     priority: int,
     queue: str | None = None,
     on_chunk: Callable[[list[str]], object] | None = None,
-    trace_context: Mapping[str, str] | None = None,
+    headers: Mapping[str, Any] | None = None,
 ) -> int:
     """Publish (id, args, kwargs) messages a chunk per pipelined flush; `on_chunk(ids)` runs
     once the broker took a chunk. Returns how many were sent; a broker failure stops there.
-    Every message carries `trace_context` (jobs.core.tracing) in its headers."""
+    Every message carries `headers` (the trace context, jobs.core.tracing; `born`,
+    jobs.broker.running)."""
     amqp = task.app.amqp
     queue = queue or task.queue_name
     options = {
@@ -178,7 +179,7 @@ def publish_many(
     }
     ignore_result = bool(task.ignore_result)
     sent = 0
-    short = _short_many_route(task, queue, trace_context)
+    short = _short_many_route(task, queue, headers)
     try:
         if short is not None:
             return _publish_many_short(
@@ -188,14 +189,14 @@ def publish_many(
                 queue=queue,
                 priority=broker_priority(priority),
                 on_chunk=on_chunk,
-                trace_context=trace_context,
+                headers=headers,
             )
         with task.app.producer_or_acquire() as producer:
             for start in range(0, len(jobs), BULK_BATCH):
                 chunk = jobs[start : start + BULK_BATCH]
                 with producer.batch(max_size=BULK_BATCH):
                     for job_id, args, kwargs in chunk:
-                        headers, properties, body, _ = amqp.create_task_message(
+                        message_headers, properties, body, _ = amqp.create_task_message(
                             job_id,
                             task.name,
                             args,
@@ -204,10 +205,10 @@ def publish_many(
                             kwargsrepr=message_repr(kwargs),
                             ignore_result=ignore_result,
                         )
-                        slim_message(headers, properties)
-                        if trace_context:
-                            headers.update(trace_context)
-                        producer.publish(body, headers=headers, **options, **properties)
+                        slim_message(message_headers, properties)
+                        if headers:
+                            message_headers.update(headers)
+                        producer.publish(body, headers=message_headers, **options, **properties)
                         options["declare"] = None  # declared once: binding it per message is costly
                 sent += len(chunk)
                 if on_chunk is not None:
@@ -223,11 +224,11 @@ def publish_many(
 
 
 def _short_many_route(
-    task: Publishable, queue: str, trace_context: Mapping[str, str] | None
+    task: Publishable, queue: str, headers: Mapping[str, Any] | None
 ) -> protocol.Route | None:
     """The short path's route for a fan-out on `queue`, where it applies (jobs.broker.protocol:
     the same conditions as one job's publish, with the options a fan-out's messages carry)."""
-    options = {"argsrepr": "", "kwargsrepr": "", **({"headers": {}} if trace_context else {})}
+    options = {"argsrepr": "", "kwargsrepr": "", **({"headers": {}} if headers else {})}
     if not protocol.takes(task, options, None):
         return None
     return protocol.route(task.app, queue)
@@ -241,17 +242,17 @@ def _publish_many_short(
     queue: str,
     priority: int,
     on_chunk: Callable[[list[str]], object] | None,
-    trace_context: Mapping[str, str] | None,
+    headers: Mapping[str, Any] | None,
 ) -> int:
     """publish_many on the short path: each chunk's messages built by Backlot and pushed with
     their bell in one LPUSH, one round trip per chunk; a broker failure stops there, as the
     kombu path does."""
     sent = 0
-    headers = {"headers": dict(trace_context)} if trace_context else {}
+    extra = {"headers": dict(headers)} if headers else {}
     # a shared_task's Proxy resolves every attribute it is asked for: resolved once here
     task = getattr(task, "_get_current_object", lambda: task)()
     # as kombu's batch sent them: the worker applies the task's own limits
-    options = {"time_limit": None, "soft_time_limit": None, **headers}
+    options = {"time_limit": None, "soft_time_limit": None, **extra}
     # the messages' text from one template (protocol.fill): the same bytes as build()'s
     template = protocol.template(
         task=task,

@@ -10,9 +10,18 @@ deferred claim). Until a run writes its claim row, this record is what says the 
 - `claimed` is set once the run wrote its claim row (it outlived its first lease interval, or
   called progress(), an effect, a step or enqueued a child): from then on the ledger's lease
   decides, and a later delivery takes the claim path (`claimed`);
-- a failed or stopped run's end deletes it (only its own: the token must match); a success
-  leaves it to expire (KEEP_MS past its lease: a duplicate of the finished job meanwhile is
-  dropped as `busy`, or finds the row finished), one Redis call fewer per short job.
+- a failed or stopped run's end marks it `claimed` (only its own: the token must match), and
+  so does a cancel of a waiting job (`hold_back`): a later delivery within KEEP_MS takes the
+  claim path, which reads the row; a success leaves it to expire (KEEP_MS past its lease: a
+  duplicate of the finished job meanwhile is dropped as `busy`, or finds the row finished), one
+  Redis call fewer per short job.
+
+A message published right after its row was written (enqueue, a fan-out) carries `born`: when
+it was sent and the job's owner. Its first delivery that finds no record, while the message is
+younger than FRESH_MS, runs without reading the row (`fresh`): the row is then known to wait
+with no attempt, since any run of the job, and any cancel, left a record that outlives the
+message's first FRESH_MS; an older message, a retry's, a relay's re-send or a delayed one reads
+the row first.
 
 The status API, the jobs list and AsyncResult read it (`unclaimed`): a waiting row whose run
 started says running.
@@ -22,11 +31,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from jobs.broker import amqp
 from jobs.broker.redis import redis_client, redis_text
 from jobs.core.conf import backlot_settings
 from jobs.core.states import WAITING_STATES
@@ -38,6 +50,12 @@ PREFIX = "backlot:run:"
 # delivery after the restore (seconds) or the relay's reconcile of a lost message (15 s) sent
 # the job again; past it, a crash goes uncounted (the job still runs again).
 KEEP_MS = 10 * 60 * 1000
+
+# A message at most this old (ms, since its publish) may run without reading its row: a copy
+# of it delivered later than a record of any earlier run lives (KEEP_MS) is older than this.
+FRESH_MS = KEEP_MS // 2
+# The header that says when a message was sent right after its row was written, and for whom.
+BORN = "backlot_born"
 
 # KEYS[1] the record; ARGV: token, lease ms, keep ms. Returns ok | busy | claimed | lapsed;
 # but for busy the record is this delivery's from then on (claimed, past ok: it claims in the
@@ -62,10 +80,24 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return reply
 """
 
-# KEYS[1] the record; ARGV[1] token. Deletes it if it is this run's.
+# KEYS[1] the record; ARGV[1] token, ARGV[2] keep ms. Marks it claimed if it is this run's.
 _END = """
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'claimed', '1')
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
 return 0
+"""
+
+# KEYS: records of waiting jobs being cancelled; ARGV[1] keep ms. Each a claimed record (a
+# live run's keeps its token: its own marks still apply).
+_HOLD_BACK = """
+for i, key in ipairs(KEYS) do
+  if redis.call('HSETNX', key, 'token', '') == 1 then redis.call('HSET', key, 'until', 0) end
+  redis.call('HSET', key, 'claimed', '1')
+  redis.call('PEXPIRE', key, ARGV[1])
+end
+return #KEYS
 """
 
 # KEYS[1] the record; ARGV[1] token, ARGV[2] field, ARGV[3] value: set if it is this run's.
@@ -113,8 +145,50 @@ def start(job_id: str, token: str, lease_seconds: float) -> str:
 
 
 def end(job_id: str, token: str) -> None:
-    """The run is over (its outcome is in the ledger): drop its record."""
-    _script(_END)(keys=[_key(job_id)], args=[token], client=redis_client())
+    """The run is over (its outcome is in the ledger): its record says so (claimed) until it
+    expires, so that a copy of its message delivered meanwhile reads the row."""
+    _script(_END)(keys=[_key(job_id)], args=[token, KEEP_MS], client=redis_client())
+
+
+def hold_back(job_ids: Iterable[object]) -> None:
+    """Waiting jobs about to be cancelled: a delivery of theirs from now on reads the row
+    (which says cancelled), however fresh its message. Written before the cancel, so that a
+    cancel Redis did not take is not made (RedisError); none without DEFER_CLAIM or on a
+    broker whose messages carry no `born` (RabbitMQ)."""
+    ids = [str(job_id) for job_id in job_ids]
+    if ids and backlot_settings().DEFER_CLAIM and not amqp.enabled():
+        _script(_HOLD_BACK)(
+            keys=[_key(job_id) for job_id in ids], args=[KEEP_MS], client=redis_client()
+        )
+
+
+def born(owner_id: int | None) -> dict[str, Any]:
+    """The header of a message published now, right after its row was written waiting with
+    no attempt (enqueue, a fan-out): {} without DEFER_CLAIM or on RabbitMQ."""
+    if not backlot_settings().DEFER_CLAIM or amqp.enabled():
+        return {}
+    return {BORN: [int(time.time() * 1000), owner_id]}
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """A first delivery of a message sent right after its row was written, still young."""
+
+    owner_id: int | None
+
+
+def fresh(request: Any) -> Fresh | None:
+    """The delivery's message if it carries `born`, is its job's first (no retries, no eta)
+    and is younger than FRESH_MS: a run of it that finds no record may skip reading the row."""
+    stamp = getattr(request, BORN, None)
+    if not isinstance(stamp, list) or len(stamp) != 2 or not isinstance(stamp[0], int):
+        return None
+    if getattr(request, "retries", 0) or getattr(request, "eta", None):
+        return None
+    if time.time() * 1000 - stamp[0] >= FRESH_MS:
+        return None
+    owner_id = stamp[1]
+    return Fresh(owner_id if isinstance(owner_id, int) else None)
 
 
 def claimed(job_id: str, token: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from django.utils import timezone
 
 from jobs import ledger
-from jobs.broker import broker, slots
+from jobs.broker import broker, running, slots
 from jobs.core import context, tracing
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import BrokerUnavailable
@@ -109,12 +109,15 @@ def enqueue_many(
             if not todo:
                 return
         messages = [(str(row.id), row.args, row.kwargs) for row in todo]
+        headers: dict[str, Any] = dict(carrier)
+        if task.track and prototype.batch_id is None:  # first messages, of rows in no batch
+            headers.update(running.born(prototype.owner_id))  # their deliveries may skip the row
         sent = broker.publish_many(
             task=task,
             jobs=messages,
             queue=queue,
             priority=priority,
-            trace_context=carrier,
+            headers=headers,
             on_chunk=mark_sent,
         )
         if sent == len(todo):

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 from django.utils import timezone
 
 from jobs import ledger
-from jobs.broker import broker, slots
+from jobs.broker import broker, running, slots
 from jobs.core.policies import RetryPolicy
 from jobs.models import Job
 
@@ -59,6 +59,17 @@ def publish_job(
     if sent and task.track and mark_published:
         ledger.mark_published([job.id], now=now, attempts=job.attempts)
     return sent
+
+
+def with_born(options: Mapping[str, Any] | None, owner_id: int | None) -> Mapping[str, Any] | None:
+    """`options` with the header of a message sent right after its row was written waiting
+    with no attempt (jobs.broker.running.born: its first delivery may skip reading the row)."""
+    born = running.born(owner_id)
+    if not born:
+        return options
+    options = dict(options or {})
+    options["headers"] = {**(options.get("headers") or {}), **born}
+    return options
 
 
 def park_at_gates(

@@ -32,7 +32,7 @@ from jobs.core.options import (
 from jobs.core.payload import payload_check
 from jobs.core.states import JobState
 from jobs.enqueue.lineage import born_cancelled, join_batch, lineage, on_commit_or_now
-from jobs.enqueue.publish import Enqueueable, publish_job
+from jobs.enqueue.publish import Enqueueable, publish_job, with_born
 from jobs.enqueue.routing import job_queue
 from jobs.models import Job
 
@@ -217,11 +217,12 @@ def enqueue(
         joining.added += 1
 
     def accepted() -> None:
+        options = publish_options
+        if marked and start_at is None and joining is None:  # a first message, due now
+            options = with_born(publish_options, job.owner_id)
         if (
             publishes
-            and not publish_job(
-                job=job, task=task, options=publish_options, mark_published=not marked
-            )
+            and not publish_job(job=job, task=task, options=options, mark_published=not marked)
             and marked
         ):
             ledger.unpublish(job.id)  # the broker is away: the relay publishes it

@@ -31,6 +31,7 @@ from redis.exceptions import RedisError
 
 from jobs import ledger
 from jobs.broker import slots
+from jobs.broker.running import hold_back
 from jobs.core import context, events
 from jobs.core.exceptions import AlreadyFinished, UnknownTask
 from jobs.core.states import ACTIVE_STATES, FINISHED_STATES, JobState
@@ -71,7 +72,7 @@ def cancel(job_id: Any, *, by: Any = None) -> Cancellation:
             return _cancel_children(job, by=by)
         waiting, running = _with_descendants(job)
         # Under the row lock of the root: two cancels of one tree do not both act on it.
-        ledger.cancel_waiting([j.id for j in waiting])
+        _cancel_waiting([j.id for j in waiting])
         ledger.request_cancel([j.id for j in running])
         transaction.on_commit(lambda: _after_commit(waiting, running, by))
     job.refresh_from_db(fields=["state"])
@@ -94,7 +95,7 @@ def _cancel_children(job: Job, *, by: Any) -> Cancellation:
         raise AlreadyFinished(str(job.id), job.state)
     waiting = [j for j in active if j.state != JobState.RUNNING]
     running = [j for j in active if j.state == JobState.RUNNING]
-    ledger.cancel_waiting([j.id for j in waiting])
+    _cancel_waiting([j.id for j in waiting])
     ledger.request_cancel([j.id for j in running])
     ledger.children_cancelled(job.id)
 
@@ -209,6 +210,14 @@ def _call_on_cancelled(job: Job) -> None:
         logger.exception("on_cancelled hook of %s failed", job.task_name)
 
 
+def _cancel_waiting(job_ids: list[Any]) -> None:
+    """Waiting jobs cancelled: never run. Their run records are marked first (DEFER_CLAIM,
+    jobs.broker.running.hold_back), so that a fresh message of theirs reads the cancelled row
+    rather than run unread; Redis refusing the mark refuses the cancel (RedisError)."""
+    hold_back(job_ids)
+    ledger.cancel_waiting(job_ids)
+
+
 def cancel_many(job_ids: Iterable[Any], *, by: Any = None) -> tuple[int, int]:
     """Cancel each job that has not ended; returns (cancelled or asked to stop, already ended)."""
     done = ended = 0
@@ -232,7 +241,7 @@ def _revoke(
     memory is forgotten when workers restart (celery#8888)."""
     ids = [str(i) for i in (maybe_list(task_id) or [])]
     try:
-        ledger.cancel_waiting(ids)
+        _cancel_waiting(ids)
         ledger.request_cancel(ids)
     except Exception:
         logger.exception("Could not record the revoke of %s jobs in the ledger", len(ids))
@@ -291,7 +300,7 @@ def _revoke_by_stamped_headers(
     try:
         close_old_connections()  # the worker's main process holds its connection for days
         ids = stamped(headers)
-        ledger.cancel_waiting(ids)
+        _cancel_waiting(ids)
         ledger.request_cancel(ids)
     except Exception:
         logger.exception("Could not record the revoke by stamped headers in the ledger")

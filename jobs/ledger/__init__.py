@@ -27,7 +27,14 @@ from jobs.ledger.cancel import (
     run_cancelled,
 )
 from jobs.ledger.claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
-from jobs.ledger.deferred import Peeked, claim_deferred, peek, run_lost, succeed_unclaimed
+from jobs.ledger.deferred import (
+    Peeked,
+    claim_deferred,
+    peek,
+    run_lost,
+    succeed_unclaimed,
+    unread,
+)
 from jobs.ledger.replace import REPLACED, replace, replaced_by_untracked, take_over
 from jobs.ledger.resolve import (
     DeadToReplay,
@@ -114,6 +121,7 @@ __all__ = [
     "succeed_unclaimed",
     "take_over",
     "unpublish",
+    "unread",
     "waiting_but_due",
     "when_free",
 ]

@@ -40,6 +40,15 @@ class Peeked:
 
     claim: Claim
     attempts: int  # the row's attempt count when read: the deferred writes match it
+    # Not read: a fresh first message's row is known to wait with no attempt (jobs.broker.running)
+    assumed: bool = False
+
+
+def unread(*, job_id: str, token: str, max_attempts: int, owner_id: int | None) -> Peeked:
+    """What peek() would read of the row of a fresh first message (jobs.broker.running.fresh),
+    without reading it: waiting, no attempt yet; the deferred writes are fenced by that."""
+    claim = Claim(str(job_id), 1, max_attempts, [], owner_id, str(token))
+    return Peeked(claim, 0, assumed=True)
 
 
 def _q(name: str) -> str:

@@ -26,6 +26,7 @@ class DeferredClaim:
     lease_owner: str
     started: datetime
     lease_seconds: float
+    assumed: bool = False  # not read: a fresh first message's (jobs.ledger.deferred.unread)
 
     def write(self) -> bool:
         """Write it (the run needs its claim row); False if the row changed since the read."""
@@ -44,10 +45,23 @@ class DeferredClaim:
         return written
 
     def succeed(self, run_seconds: float, result: Any) -> bool:
-        """The run's success in the one write of an unclaimed run."""
+        """The run's success in the one write of an unclaimed run. A row that was not read
+        and refuses it is read now: still waiting (with attempts this run could not know: an
+        earlier run of it left no record here, a worker without DEFER_CLAIM), it takes the
+        success; changed (cancelled, finished, claimed), it does not."""
+        written = self._succeed(self.attempts, run_seconds, result)
+        if written or not self.assumed:
+            return written
+        peeked = ledger.peek(job_id=self.job_id, token=self.lease_owner)
+        if peeked is None or peeked.attempts == self.attempts:
+            return False
+        logger.info("Job %s: its row had %s attempts, not none", self.job_id, peeked.attempts)
+        return self._succeed(peeked.attempts, run_seconds, result)
+
+    def _succeed(self, attempts: int, run_seconds: float, result: Any) -> bool:
         return ledger.succeed_unclaimed(
             job_id=self.job_id,
-            attempts=self.attempts,
+            attempts=attempts,
             lease_owner=self.lease_owner,
             started=self.started,
             run_seconds=run_seconds,

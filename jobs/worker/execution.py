@@ -129,6 +129,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
                 str(claim.lease_owner),
                 timezone.now(),
                 lease_seconds,
+                assumed=deferred.assumed,
             )
     # Kept on Celery's per-request Context: the run's writes match its claim's token.
     request._backlot_hold = hold
@@ -238,7 +239,16 @@ def deferred_delivery(
         return None
     if started != "ok":
         return None  # a run wrote its claim row: the ledger's claim decides
-    peeked = ledger.peek(job_id=job_id, token=token)
+    fresh = running.fresh(request)
+    if fresh is not None:  # a young first message: its row waits unrun (jobs.broker.running)
+        peeked: ledger.Peeked | None = ledger.unread(
+            job_id=job_id,
+            token=token,
+            max_attempts=task.policy.max_attempts,
+            owner_id=fresh.owner_id,
+        )
+    else:
+        peeked = ledger.peek(job_id=job_id, token=token)
     if peeked is None:
         return None
     batch_finish.claimed(job_id=job_id, batch_id=None)  # peek took only rows of no batch

@@ -302,13 +302,13 @@ def test_a_fan_out_stores_the_messages_kombus_batch_would(
     before_task_publish.connect(host_receiver, weak=False)
     try:
         assert broker.publish_many(
-            task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, trace_context=trace
+            task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, headers=trace
         ) == len(jobs)
     finally:
         before_task_publish.disconnect(host_receiver)
     kombus = popped()
     assert broker.publish_many(
-        task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, trace_context=trace
+        task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, headers=trace
     ) == len(jobs)
     ours = popped()
 
@@ -431,7 +431,7 @@ def test_a_fan_out_whose_headers_replace_a_field_sends_builds_messages(
     jobs = [(str(uuid.uuid4()), [n], {"label": "a"}) for n in range(3)]
     carrier = {"argsrepr": "hidden"}
     sent = broker.publish_many(
-        task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, trace_context=carrier
+        task=tasks.prioritized, jobs=jobs, priority=7, queue=QUEUE, headers=carrier
     )
 
     # then: every message sent on the short path, with the carrier's header as build() puts it

@@ -22,6 +22,7 @@ django.setup()
 from django.db import close_old_connections, transaction  # noqa: E402 (after django.setup())
 
 from jobs import enqueue_many  # noqa: E402 (after django.setup())
+from jobs.flow.cancellation import cancel  # noqa: E402 (after django.setup())
 from jobs.flow.relay import job_relay  # noqa: E402 (after django.setup())
 from jobs.worker.task import PlatformTask  # noqa: E402 (after django.setup())
 from tests.system.faults import jobs as fault_jobs  # noqa: E402 (after django.setup())
@@ -130,8 +131,14 @@ def relay_loop(spec: dict) -> None:
     print(json.dumps({"sent": sent, "errors": errors}), flush=True)
 
 
+def cancel_job(spec: dict) -> dict:
+    """Cancel a job as an application would (this process's settings: DEFER_CLAIM's records)."""
+    return {"state": str(cancel(spec["job_id"]).state)}
+
+
 COMMANDS = {
     "enqueue": enqueue,
+    "cancel": cancel_job,
     "feed": feed,
     "die": die_between_commit_and_publish,
     "relay": relay_loop,

@@ -2,13 +2,15 @@
 once, at its finish, on a `-P solo` worker; a job that outlives the first third of its lease
 writes its claim then; the status API, the jobs list and AsyncResult say running from the run's
 Redis record while the row is not written yet; a run that vanished unclaimed is counted as a
-worker crash and runs again.
+worker crash and runs again. The clients enqueue with DEFER_CLAIM too, so that a first delivery
+runs without reading its row (jobs.broker.running.fresh); a cancel before it still wins.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from celery.result import AsyncResult
@@ -21,7 +23,7 @@ from config.celery import app as celery_app
 from jobs.broker.redis import redis_client
 from jobs.models import Job, JobState
 from tests.conftest import wait_until
-from tests.system.faults.conftest import runs, wait_finished
+from tests.system.faults.conftest import Client, runs, wait_finished
 
 UPDATES = "faults_job_updates"
 
@@ -36,6 +38,14 @@ def succeeded_after(
     assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, attempts, crashes)
     assert runs(run_id) == Counter({0: attempts})
     return job
+
+
+@pytest.fixture
+def client_procs(fault_env: dict[str, str], start_fault_worker: Any) -> Iterator[Client]:
+    """Client processes that enqueue with DEFER_CLAIM: their messages are stamped `born`."""
+    client = Client({**fault_env, "BACKLOT_DEFER_CLAIM": "1"})
+    yield client
+    client.close()
 
 
 @pytest.fixture
@@ -237,6 +247,23 @@ def test_a_cancel_during_an_unclaimed_run_stops_it_at_its_first_claim_write(
     job = Job.objects.get(id=job_id)
     assert job.state == JobState.CANCELLED and job.result is None and job.run_seconds is None
     assert runs(run_id) == Counter({0: 1, 1: 1})
+
+
+def test_a_job_cancelled_while_its_fresh_message_waits_never_runs(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a job whose fresh first message waits, no worker running yet
+    (job_id,) = client_procs.enqueue("quick", run_id, 1)
+
+    # when it is cancelled, and then a solo worker deferring claims starts
+    assert client_procs.run("cancel", job_id=job_id)["state"] == JobState.CANCELLED
+    start_fault_worker("deferred-cancelled", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1")
+
+    # then the job never runs (the worker runs the job enqueued after it) and stays cancelled
+    (next_id,) = client_procs.enqueue("quick", run_id, 1, start=1)
+    wait_finished([next_id], timeout=40, what="the job after the cancelled one")
+    assert runs(run_id) == Counter({1: 1})
+    assert Job.objects.get(id=job_id).state == JobState.CANCELLED
 
 
 def test_a_retried_job_fails_then_succeeds_with_the_claim_deferred(
