@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -60,12 +60,12 @@ def _fields() -> dict[str, Any]:
     return {f.name: f for f in Job._meta.fields}
 
 
-def _db(name: str, value: Any) -> Any:
-    return _fields()[name].get_db_prep_save(value, connection)
+def _db(name: str, value: Any, db: Any = connection) -> Any:
+    return _fields()[name].get_db_prep_save(value, db)
 
 
-def _id(job_id: str) -> Any:
-    return Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), connection)
+def _id(job_id: str, db: Any = connection) -> Any:
+    return Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), db)
 
 
 def _states(event: str) -> tuple[str, list[str]]:
@@ -108,7 +108,8 @@ def _aware(value: datetime | str) -> datetime:
     return when if timezone.is_aware(when) else when.replace(tzinfo=UTC)
 
 
-def _claim_sql(event: str, extra: str = "") -> str:
+@functools.cache  # per vendor: the quoting is the connection's
+def _claim_sql(vendor: str, event: str, extra: str = "") -> str:
     placeholders, _ = _states(event)
     return (
         f"UPDATE {_q(Job._meta.db_table)} SET {_q('state')} = %s, "
@@ -119,8 +120,8 @@ def _claim_sql(event: str, extra: str = "") -> str:
     )
 
 
-def _execute(sql: str, params: list[Any]) -> int:
-    with connection.cursor() as cursor:
+def _execute(sql: str, params: list[Any], db: Any = connection) -> int:
+    with db.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.rowcount)
 
@@ -144,7 +145,7 @@ def claim_deferred(
         *states,
         int(attempts),
     ]
-    return bool(_execute(_claim_sql("claim_deferred"), params))
+    return bool(_execute(_claim_sql(connection.vendor, "claim_deferred"), params))
 
 
 @busy_retried  # SQLite's "database is locked" is waited out
@@ -191,24 +192,29 @@ def succeed_unclaimed(
     except (TypeError, ValueError):
         logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
         result = None
+    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (jobs.ledger.accept)
+    _, states = _states("succeed_unclaimed")
+    params = [
+        str(target("succeed_unclaimed")),
+        _db("started_at", started, db),
+        _db("last_started_at", started, db),
+        None,  # lease_expires_at: the run is over
+        _db("lease_owner", uuid.UUID(str(lease_owner)), db),
+        _db("finished_at", timezone.now(), db),
+        _db("run_seconds", run_seconds, db),
+        "",
+        _db("result", result, db),
+        _id(job_id, db),
+        *states,
+        int(attempts),
+    ]
+    return bool(_execute(_succeed_sql(db.vendor), params, db))
+
+
+@functools.cache  # per vendor: the quoting is the connection's
+def _succeed_sql(vendor: str) -> str:
     extra = (
         f", {_q('finished_at')} = %s, {_q('run_seconds')} = %s, {_q('error')} = %s, "
         f"{_q('result')} = %s"
     )
-    _, states = _states("succeed_unclaimed")
-    params = [
-        str(target("succeed_unclaimed")),
-        _db("started_at", started),
-        _db("last_started_at", started),
-        None,  # lease_expires_at: the run is over
-        _db("lease_owner", uuid.UUID(str(lease_owner))),
-        _db("finished_at", timezone.now()),
-        _db("run_seconds", run_seconds),
-        "",
-        _db("result", result),
-        _id(job_id),
-        *states,
-        int(attempts),
-    ]
-    sql = _claim_sql("succeed_unclaimed", extra)
-    return bool(_execute(sql, params))
+    return _claim_sql(vendor, "succeed_unclaimed", extra)
