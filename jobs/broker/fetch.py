@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import uuid
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -40,6 +41,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError, ResponseError
 
+from jobs.broker import running
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings
@@ -47,11 +49,15 @@ from jobs.core.conf import backlot_settings
 logger = logging.getLogger(__name__)
 
 # KEYS: the n lists in kombu's order, then unacked, unacked_index, OWNERS, then the bells of the
-# channel's queues; ARGV: n, the holder ('' for none). Pops the first message of the first
-# non-empty list and records it as taken: {list's index, message, 1}; {index, message, 0} for a
-# message it cannot read a delivery tag, exchange and routing key from (kombu then records it,
-# as it would any); nil (and the bells deleted) when every list is empty. allow-oom: a message
-# moves from its list to `unacked`, so a full noeviction Redis still lets workers drain it.
+# channel's queues; ARGV: n, the holder ('' for none), then for a worker that runs its jobs in
+# its own process with DEFER_CLAIM (else none): a fresh claim token, the lease and the keep
+# (ms) and the run records' prefix. Pops the first message of the first non-empty list and
+# records it as taken: {list's index, message, 1}; {index, message, 0} for a message it cannot
+# read a delivery tag, exchange and routing key from (kombu then records it, as it would any);
+# nil (and the bells deleted) when every list is empty. A stamped message
+# (jobs.broker.running.BORN) has its run record taken in the same step: the reply's fourth
+# element is jobs.broker.running.start's answer (RUN, below). allow-oom: a message moves from
+# its list to `unacked`, so a full noeviction Redis still lets workers drain it.
 _FETCH_BODY = """
 local n = tonumber(ARGV[1])
 for i = 1, n do
@@ -70,17 +76,25 @@ for i = 1, n do
         redis.call('HSET', KEYS[n + 1], tag, '[' .. payload .. ',' .. cjson.encode(info.exchange)
             .. ',' .. cjson.encode(info.routing_key) .. ']')
         if ARGV[2] ~= '' then redis.call('HSET', KEYS[n + 3], tag, ARGV[2]) end
+        local headers = message.headers
+        if ARGV[3] and ARGV[3] ~= '' and type(headers) == 'table'
+            and type(headers['{born}']) == 'table' and type(headers.id) == 'string' then
+            local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+            return {i, payload, 1, start_run(ARGV[6] .. headers.id, ARGV[3], ARGV[4], ARGV[5], ms)}
+        end
         return {i, payload, 1}
     end
 end
 for i = n + 4, #KEYS do redis.call('DEL', KEYS[i]) end
 return false
-"""
+""".replace("{born}", running.BORN)
 # Redis 7 reads the flags; an older Redis cannot compile the first line and gets the plain body
 # (in effects replication, which TIME needs there).
 _SCRIPTS = [
-    "#!lua flags=allow-oom\n" + _FETCH_BODY,
-    "if redis.replicate_commands then redis.replicate_commands() end\n" + _FETCH_BODY,
+    "#!lua flags=allow-oom\n" + running.START_FUNCTION + _FETCH_BODY,
+    "if redis.replicate_commands then redis.replicate_commands() end\n"
+    + running.START_FUNCTION
+    + _FETCH_BODY,
 ]
 _SHAS = [hashlib.sha1(script.encode()).hexdigest() for script in _SCRIPTS]
 _variant = {"index": 0}
@@ -93,9 +107,12 @@ _KOMBU_READ = _CHANNEL._brpop_read
 _KOMBU_PUT = _CHANNEL._put
 _KOMBU_RESTORE = _CHANNEL._do_restore_message
 _KOMBU_CONSUME = _CHANNEL.basic_consume
-_state = {"fetch": False}
+_state = {"fetch": False, "runs": False}
 
 _FETCH, _BELLS = "fetch", "bells"
+# The delivery's claim token and its run record's answer (jobs.broker.running.start's), in the
+# properties of a message whose record the fetch took (read by jobs.worker.request).
+RUN = "backlot_run"
 
 
 def enabled() -> bool:
@@ -103,12 +120,14 @@ def enabled() -> bool:
     return backlot_settings().ATOMIC_FETCH
 
 
-def install() -> bool:
+def install(*, runs: bool = False) -> bool:
     """In a worker's main process, before it consumes (worker_init, after
     jobs.broker.reservations.install): its channels take messages with the atomic fetch. False (and
-    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off."""
+    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs in
+    its own process with DEFER_CLAIM; a stamped message's run record is taken with it."""
     ring_bells()
     _state["fetch"] = enabled()
+    _state["runs"] = runs
     if _state["fetch"]:
         _CHANNEL._brpop_start = _brpop_start
         _CHANNEL._brpop_read = _brpop_read
@@ -247,10 +266,16 @@ def _send_fetch(channel: Any, *, load: bool = False) -> None:
     owner = getattr(channel.qos, "owner", None) or ""
     variant = _variant["index"]
     command = ("EVAL", _SCRIPTS[variant]) if load else ("EVALSHA", _SHAS[variant])
+    runs: tuple[Any, ...] = ()
+    # the run records are the platform's keys: only where the broker's Redis is the platform's
+    if _state["runs"] and channel.qos.carries_counts:
+        lease = int(backlot_settings().LEASE_SECONDS * 1000)
+        runs = (str(uuid.uuid4()), lease, running.KEEP_MS, running.PREFIX)
+    channel._backlot_token = runs[0] if runs else None
     channel._backlot_phase = _FETCH
     channel._backlot_loaded = load
     channel._brpop_sent_at = monotonic()
-    channel.client.connection.send_command(*command, len(keys), *keys, len(lists), owner)
+    channel.client.connection.send_command(*command, len(keys), *keys, len(lists), owner, *runs)
 
 
 def _send_bells(channel: Any) -> None:
@@ -298,10 +323,12 @@ def _brpop_read(self: Any, **options: Any) -> bool:
                 _send_bells(self)
                 pending = True
             raise Empty()
-        index, payload, recorded = reply
+        index, payload, recorded, *run = reply
         queues = self._backlot_queues
         queue = queues[(int(index) - 1) % len(queues)]
         message = loads(bytes_to_str(payload))
+        if run and self._backlot_token:  # its run record, taken with it
+            message["properties"][RUN] = [self._backlot_token, bytes_to_str(run[0])]
         self._queue_cycle.rotate(queue)
         if int(recorded):
             self.qos.fetched(message["properties"]["delivery_tag"])

@@ -57,28 +57,40 @@ FRESH_MS = KEEP_MS // 2
 # The header that says when a message was sent right after its row was written, and for whom.
 BORN = "backlot_born"
 
-# KEYS[1] the record; ARGV: token, lease ms, keep ms. Returns ok | busy | claimed | lapsed;
-# but for busy the record is this delivery's from then on (claimed, past ok: it claims in the
-# ledger), so a record left by a vanished run is counted once and then dropped with this one.
-_START = """
+# A Lua function: start(key, token, lease ms, keep ms, now ms on Redis' clock) takes the record
+# `key` for this delivery and returns ok | busy | claimed | lapsed; but for busy the record is
+# this delivery's from then on (claimed, past ok: it claims in the ledger), so a record left by
+# a vanished run is counted once and then dropped with this one. Shared with the fetch script
+# (jobs.broker.fetch), which takes a stamped message's record in the step that takes it.
+START_FUNCTION = """
+local function start_run(key, token, lease, keep, now)
+  local v = redis.call('HMGET', key, 'token', 'until', 'claimed')
+  local reply = 'ok'
+  if v[1] then
+    if v[3] == '1' then reply = 'claimed'
+    elseif tonumber(v[2]) > now then return 'busy'
+    else reply = 'lapsed' end
+  end
+  redis.call('HSET', key, 'token', token, 'until', now + tonumber(lease))
+  if reply == 'ok' then
+    redis.call('HDEL', key, 'claimed')
+  else
+    redis.call('HSET', key, 'claimed', '1')  -- this delivery takes the claim path
+  end
+  redis.call('PEXPIRE', key, keep)
+  return reply
+end
+"""
+
+# KEYS[1] the record; ARGV: token, lease ms, keep ms.
+_START = (
+    START_FUNCTION
+    + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local v = redis.call('HMGET', KEYS[1], 'token', 'until', 'claimed')
-local reply = 'ok'
-if v[1] then
-  if v[3] == '1' then reply = 'claimed'
-  elseif tonumber(v[2]) > now then return 'busy'
-  else reply = 'lapsed' end
-end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'until', now + tonumber(ARGV[2]))
-if reply == 'ok' then
-  redis.call('HDEL', KEYS[1], 'claimed')
-else
-  redis.call('HSET', KEYS[1], 'claimed', '1')  -- this delivery takes the claim path
-end
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return reply
+return start_run(KEYS[1], ARGV[1], ARGV[2], ARGV[3], now)
 """
+)
 
 # KEYS[1] the record; ARGV[1] token, ARGV[2] keep ms. Marks it claimed if it is this run's.
 _END = """

@@ -110,8 +110,9 @@ def enqueue_many(
                 return
         messages = [(str(row.id), row.args, row.kwargs) for row in todo]
         headers: dict[str, Any] = dict(carrier)
-        if task.track and prototype.batch_id is None:  # first messages, of rows in no batch
-            headers.update(running.born(prototype.owner_id))  # their deliveries may skip the row
+        # first messages of rows in no batch, behind no gate: their deliveries may skip the row
+        if task.track and prototype.batch_id is None and not slots.limited(task):
+            headers.update(running.born(prototype.owner_id))
         sent = broker.publish_many(
             task=task,
             jobs=messages,

@@ -61,10 +61,13 @@ def publish_job(
     return sent
 
 
-def with_born(options: Mapping[str, Any] | None, owner_id: int | None) -> Mapping[str, Any] | None:
+def with_born(
+    task: Enqueueable, options: Mapping[str, Any] | None, owner_id: int | None
+) -> Mapping[str, Any] | None:
     """`options` with the header of a message sent right after its row was written waiting
-    with no attempt (jobs.broker.running.born: its first delivery may skip reading the row)."""
-    born = running.born(owner_id)
+    with no attempt (jobs.broker.running.born: its first delivery may skip reading the row);
+    not for a job behind a rate or concurrency gate, whose runs claim as before."""
+    born = {} if slots.limited(task) else running.born(owner_id)
     if not born:
         return options
     options = dict(options or {})

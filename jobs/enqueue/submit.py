@@ -219,7 +219,7 @@ def enqueue(
     def accepted() -> None:
         options = publish_options
         if marked and start_at is None and joining is None:  # a first message, due now
-            options = with_born(publish_options, job.owner_id)
+            options = with_born(task, publish_options, job.owner_id)
         if (
             publishes
             and not publish_job(job=job, task=task, options=options, mark_published=not marked)

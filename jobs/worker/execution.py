@@ -224,10 +224,15 @@ def deferred_delivery(
     job; None when it claims as before (a job the setting does not cover, a row that is not
     plainly waiting, a run that vanished before this delivery: the claim counts its crash)."""
     token = getattr(request, outcomes.CLAIM_TOKEN, None)
-    if token is None or not _defers(task):
-        return None
     job_id = str(request.id)
-    started = running.start(job_id, token, lease_seconds)
+    # the record the fetch took with a stamped message (jobs.broker.fetch), else taken now
+    started = getattr(request, outcomes.RUN_TAKEN, None)
+    if token is None or not _defers(task):
+        if token is not None and started in ("ok", "lapsed", "claimed"):
+            running.end(job_id, token)  # taken for a run that claims: the ledger decides
+        return None
+    if started is None:
+        started = running.start(job_id, token, lease_seconds)
     if started == "busy":
         logger.info("Job %s runs unclaimed elsewhere; duplicate delivery dropped", job_id)
         return ledger.Dropped("duplicate")

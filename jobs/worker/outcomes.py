@@ -46,6 +46,8 @@ def count_delivery(outcome: str) -> None:
 # their writes for the run with it: the pool process's (progress, finish, effects) and the
 # main process's (hard time limit, terminated cancel, worker lost, shutdown release).
 CLAIM_TOKEN = "backlot_claim_token"
+# DEFER_CLAIM: the answer of the run record the fetch took with the message (jobs.broker.fetch)
+RUN_TAKEN = "backlot_run_taken"
 
 
 def lease_owner(task: Runnable) -> str | None:

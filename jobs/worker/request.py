@@ -23,6 +23,7 @@ from celery.worker.state import task_ready
 from django.db import close_old_connections
 
 from jobs import ledger
+from jobs.broker import fetch
 from jobs.broker.broker import backlot_priority
 from jobs.core import context, events
 from jobs.core.policies import TimeLimitHit
@@ -57,7 +58,11 @@ class PlatformRequest(Request):
         request = self._request_dict
         tracked = getattr(self._task, "track", False)
         if tracked:  # this delivery's claim token (a redelivered message gets its own)
-            request[outcomes.CLAIM_TOKEN] = str(uuid.uuid4())
+            taken = (getattr(message, "properties", None) or {}).get(fetch.RUN)
+            if taken:  # the fetch took its run record with it, under its token (DEFER_CLAIM)
+                request[outcomes.CLAIM_TOKEN], request[outcomes.RUN_TAKEN] = taken
+            else:
+                request[outcomes.CLAIM_TOKEN] = str(uuid.uuid4())
         # ignore_result asked by the call (the header; Backlot's slimming drops it when False),
         # else the task's own: a tracked job then keeps no return value in its row either.
         asked = request.get("ignore_result")

@@ -10,6 +10,7 @@ from typing import Any
 
 from celery import concurrency, current_app
 from celery.concurrency import solo
+from celery.concurrency import thread as threads
 from celery.signals import (
     before_task_publish,
     task_prerun,
@@ -22,6 +23,7 @@ from django.db import close_old_connections
 
 from jobs.broker import amqp, counters, fetch, reservations
 from jobs.broker.broker import BROKER_ERRORS, slim_message
+from jobs.core.conf import backlot_settings
 from jobs.worker import conflicts, watchdog
 from jobs.worker.task import PlatformTask
 
@@ -71,7 +73,15 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
     timeout)."""
     if sender is not None:
         reservations.install(node=sender.hostname, app=sender.app)
-        fetch.install()  # ... and takes each in one step with its record (jobs.broker.fetch)
+        # ... and takes each in one step with its record (jobs.broker.fetch); with a stamped
+        # message's run record where its run will not write its claim first (DEFER_CLAIM)
+        fetch.install(runs=backlot_settings().DEFER_CLAIM and _runs_in_process(sender))
+
+
+def _runs_in_process(sender: Any) -> bool:
+    """Whether the worker runs its jobs in its own process (-P solo, threads)."""
+    pool = concurrency.get_implementation(sender.pool_cls)
+    return isinstance(pool, type) and issubclass(pool, (solo.TaskPool, threads.TaskPool))
 
 
 @worker_init.connect

@@ -28,7 +28,7 @@ from django.test import override_settings
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
-from jobs.broker import counters, fetch
+from jobs.broker import counters, fetch, running
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
@@ -291,10 +291,15 @@ def fetching_here(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @contextmanager
 def delivered(
-    url: str, options: dict[str, Any], raw: redis.Redis, prefix: str = ""
+    url: str,
+    options: dict[str, Any],
+    raw: redis.Redis,
+    prefix: str = "",
+    headers: dict[str, Any] | None = None,
 ) -> Iterator[tuple[Any, str]]:
-    """A task message published on a queue of its own through `url` and taken with the fetch:
-    yields the message (not acknowledged) and its queue's name, inside the consumer."""
+    """A task message (with `headers`) published on a queue of its own through `url` and
+    taken with the fetch: yields the message (not acknowledged) and its queue's name, inside
+    the consumer."""
     name = f"fetch-here-{uuid.uuid4().hex[:8]}"
     queue = Queue(name, Exchange(name), routing_key=name)
     got: list[Any] = []
@@ -305,7 +310,7 @@ def delivered(
                 exchange=queue.exchange,
                 routing_key=name,
                 declare=[queue],
-                headers={"task": "tests.fetch_here"},
+                headers={"task": "tests.fetch_here", **(headers or {})},
                 serializer="json",
             )
         assert raw.llen(f"{prefix}{BELL}{name}") == 1  # rung with the message
@@ -362,6 +367,42 @@ def test_an_ack_carrying_counts_survives_a_count_that_redis_refuses(
         assert raw.hgetall(fine) == {b"finished": b"1"}
         assert counters.take() is None
         assert raw.get(broken) == b"not a hash"
+
+
+@pytest.mark.parametrize("case", ["fresh", "busy", "unstamped"])
+def test_a_deferring_worker_takes_a_stamped_messages_run_record_with_it(
+    fetching_here: None, clean_redis: None, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    # given: a worker that runs its jobs in its own process with DEFER_CLAIM, and a message
+    # stamped at its enqueue (or not), of a job whose run record another run may hold
+    monkeypatch.setitem(fetch._state, "runs", True)
+    url = backlot_settings().REDIS_URL
+    raw = redis.Redis.from_url(url)
+    job_id, other = str(uuid.uuid4()), str(uuid.uuid4())
+    record = f"{running.PREFIX}{job_id}"
+    if case == "busy":
+        assert running.start(job_id, other, 30) == "ok"
+    stamp = {} if case == "unstamped" else {running.BORN: [int(time.time() * 1000), None]}
+
+    # when the fetch takes it
+    with delivered(url, PRIORITY_TRANSPORT_OPTIONS, raw, headers={"id": job_id, **stamp}) as (
+        message,
+        _,
+    ):
+        taken = message.properties.get(fetch.RUN)
+
+        # then a stamped message comes with its record's answer and the token it was taken
+        # under, in the same step; an unstamped one with none (its run takes it, or claims)
+        if case == "unstamped":
+            assert taken is None and not raw.exists(record)
+        else:
+            token, answer = taken
+            assert answer == ("ok" if case == "fresh" else "busy")
+            holder = token if case == "fresh" else other
+            assert raw.hget(record, "token") == holder.encode()
+        message.ack()
 
 
 def _drain(connection: Connection) -> bool:
