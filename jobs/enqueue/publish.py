@@ -67,8 +67,8 @@ def with_born(
     """`options` with the header of a message sent right after its row was written waiting
     with no attempt (jobs.broker.running.born: its first delivery may skip reading the row);
     not for a job behind a rate or concurrency gate, whose runs claim as before."""
-    born = {} if slots.limited(task) else running.born(owner_id)
-    if not born:
+    born = running.born(owner_id)
+    if not born or slots.limited(task):
         return options
     options = dict(options or {})
     options["headers"] = {**(options.get("headers") or {}), **born}

@@ -218,7 +218,8 @@ def enqueue(
 
     def accepted() -> None:
         options = publish_options
-        if marked and start_at is None and joining is None:  # a first message, due now
+        # DEFER_CLAIM: a first message, due now and in no batch, says when it was sent
+        if conf.DEFER_CLAIM and marked and start_at is None and joining is None:
             options = with_born(task, publish_options, job.owner_id)
         if (
             publishes
