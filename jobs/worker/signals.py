@@ -10,7 +10,6 @@ from typing import Any
 
 from celery import concurrency, current_app
 from celery.concurrency import solo
-from celery.concurrency import thread as threads
 from celery.signals import (
     before_task_publish,
     task_prerun,
@@ -75,13 +74,16 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
         reservations.install(node=sender.hostname, app=sender.app)
         # ... and takes each in one step with its record (jobs.broker.fetch); with a stamped
         # message's run record where its run will not write its claim first (DEFER_CLAIM)
-        fetch.install(runs=backlot_settings().DEFER_CLAIM and _runs_in_process(sender))
+        fetch.install(runs=backlot_settings().DEFER_CLAIM and _inline(sender))
 
 
-def _runs_in_process(sender: Any) -> bool:
-    """Whether the worker runs its jobs in its own process (-P solo, threads)."""
+def _inline(sender: Any) -> bool:
+    """Whether the worker runs each job in its own main thread as it takes it (-P solo): a
+    message it fetches starts at once, so its run record may be taken by the fetch (a thread
+    pool's prefetched messages wait in its queue, and a record taken then would say running
+    and count a crash for a job that never started)."""
     pool = concurrency.get_implementation(sender.pool_cls)
-    return isinstance(pool, type) and issubclass(pool, (solo.TaskPool, threads.TaskPool))
+    return isinstance(pool, type) and issubclass(pool, solo.TaskPool)
 
 
 @worker_init.connect
@@ -90,8 +92,7 @@ def enforce_time_limits_in_solo(sender: Any = None, **kwargs: Any) -> None:
     limit: Backlot does (jobs.worker.watchdog), with the worker's own limits as defaults."""
     if sender is None:
         return
-    pool = concurrency.get_implementation(sender.pool_cls)
-    if isinstance(pool, type) and issubclass(pool, solo.TaskPool):
+    if _inline(sender):
         watchdog.enable(soft=sender.soft_time_limit, hard=sender.time_limit)
 
 
