@@ -218,8 +218,9 @@ def enqueue(
 
     def accepted() -> None:
         options = publish_options
-        # DEFER_CLAIM: a first message, due now and in no batch, says when it was sent
-        if conf.DEFER_CLAIM and marked and start_at is None and joining is None:
+        # DEFER_CLAIM: a first message, due now, in no batch, of a row of its own (not one a
+        # Task.replace() took over, whose attempts are the replaced job's), says when it was sent
+        if conf.DEFER_CLAIM and marked and not (start_at or joining or task_id):
             options = with_born(task, publish_options, job.owner_id)
         if (
             publishes

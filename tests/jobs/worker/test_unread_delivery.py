@@ -89,7 +89,7 @@ def test_an_enqueued_message_is_stamped_and_its_first_delivery_reads_no_row(
     assert Job.objects.get(id=handle.id).state == JobState.QUEUED
 
 
-def test_a_fan_out_stamps_its_messages_and_a_batch_or_setting_off_does_not(
+def test_a_fan_out_stamps_its_messages_and_a_batch_a_celery_id_or_setting_off_does_not(
     deferring, transactional_db, settings
 ):
     (fanned,) = jobs.enqueue_many(tasks.add, [((1, 2), {})], queue=QUEUE)
@@ -97,6 +97,10 @@ def test_a_fan_out_stamps_its_messages_and_a_batch_or_setting_off_does_not(
     with jobs.batch() as batch:
         member = tasks.add.using(queue=QUEUE).enqueue(3, 4)
     assert batch.id and running.BORN not in message_of(member.id)["headers"]
+    # Celery's task_id (a Task.replace() takes over the replaced job's row, attempts and all)
+    chosen = str(uuid.uuid4())
+    tasks.add.apply_async((7, 8), task_id=chosen, queue=QUEUE)
+    assert running.BORN not in message_of(chosen)["headers"]
     settings.BACKLOT = {**settings.BACKLOT, "DEFER_CLAIM": False}
     plain = tasks.add.using(queue=QUEUE).enqueue(5, 6)
     assert running.BORN not in message_of(plain.id)["headers"]
