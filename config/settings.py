@@ -292,8 +292,9 @@ BACKLOT: dict[str, Any] = {
     # A running job's claim lasts this long and is renewed every third of it while it runs:
     # a job whose worker died is re-queued by the relay within about this time.
     "LEASE_SECONDS": float(os.environ.get("BACKLOT_LEASE_SECONDS", "30")),
-    # A short job writes its row once, at its finish (jobs.ledger.deferred): off by default.
-    "DEFER_CLAIM": os.environ.get("BACKLOT_DEFER_CLAIM", "") == "1",
+    # A short job writes its row once, at its finish (jobs.ledger.deferred); 0 writes every
+    # run's claim before it starts.
+    "DEFER_CLAIM": os.environ.get("BACKLOT_DEFER_CLAIM", "1") != "0",
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     "BEAT_LOCK_TTL": int(os.environ.get("BACKLOT_BEAT_LOCK_TTL", "30")),
     # A schedule's fire time missed while no beat ran: "run_once" (fired once when beat is

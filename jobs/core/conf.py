@@ -121,8 +121,9 @@ class BacklotSettings:
     # success is one UPDATE. The claim row is written when the run outlives the first third of
     # its lease, or calls progress(), an effect, a step or enqueues a child, or fails. Redis
     # brokers, workers whose jobs run in the main process (-P solo, threads); not for jobs in
-    # a batch or behind a rate or concurrency gate (they claim as before).
-    DEFER_CLAIM: bool = False
+    # a batch or behind a rate or concurrency gate (they claim as before). On by default;
+    # False writes every run's claim before it starts (docs/reliability.md).
+    DEFER_CLAIM: bool = True
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     BEAT_LOCK_TTL: int = 30
     # A schedule's fire time that passed while no beat ran (found more than

@@ -82,7 +82,7 @@ def updates_per_job(transactional_db: None) -> Iterator[Callable[[list[str]], Co
             cursor.execute(f"DROP TABLE IF EXISTS {UPDATES}")
 
 
-@pytest.mark.parametrize(("defer", "writes"), [("1", 1), ("", 2)], ids=["deferred", "claimed"])
+@pytest.mark.parametrize(("defer", "writes"), [("1", 1), ("0", 2)], ids=["deferred", "claimed"])
 def test_a_short_job_writes_its_row_once_with_the_claim_deferred(
     defer, writes, private_redis, start_fault_worker, client_procs, run_id, updates_per_job
 ):
