@@ -4,7 +4,9 @@ the checker (tests/system/faults/schedule.py) judges what the ledger and the eff
 
 The platform: a private PostgreSQL cluster (the ledger, the effects) and a private Redis (the
 broker), both restarted by the faults; a web process (runserver, bearer-token auth) taking the
-load; two workers (-c 2, prefetch 4) on the default queue; the relay; beat. A process that dies
+load; two workers on the default queue, a prefork one (-c 2, prefetch 4) and one as the Procfile
+ships it (-P solo: its jobs run in its own process and, with DEFER_CLAIM on by default, a short
+job writes its row once); the relay; beat. A process that dies
 is started again by the test, as a supervisor would (the same node name, after a second).
 Run counters sit in a third Redis of their own that no fault touches.
 
@@ -114,9 +116,10 @@ class Platform:
         self.processes.append(Supervised("sched-beat", beat, self.env))
         tag = uuid.uuid4().hex[:6]
         for n in range(WORKERS):
+            pool = ["-c", "2"] if n == 0 else ["-P", "solo"]  # the mixed fleet of a deploy
             argv = [
                 sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "default",
-                "-c", "2", "--prefetch-multiplier", "4", "-n", f"sched{n}-{tag}@localhost",
+                *pool, "--prefetch-multiplier", "4", "-n", f"sched{n}-{tag}@localhost",
                 "-I", MODULES, "--without-gossip", "--without-mingle", "--without-heartbeat",
                 "-l", "INFO",
             ]  # fmt: skip
@@ -159,6 +162,9 @@ class Platform:
         if kind == "kill_worker":
             worker.proc.kill()
         elif kind == "kill_pool":
+            if "solo" in worker.argv:  # the job's process is the worker's own
+                worker.proc.kill()
+                return "kill -9 of the solo worker (its jobs run in its own process)"
             pool = worker.pool()
             if not pool:
                 return "no pool process (the worker is starting)"
