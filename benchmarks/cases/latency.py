@@ -50,7 +50,7 @@ def run(*, full: bool = False) -> CaseResult:
             "bare Celery delay() to the Procfile's default-queue worker line",
         ),
         "shipped_ledger_on": (
-            lambda key: bench.tracked_stamp.enqueue(key, queue=SHIPPED_QUEUE),
+            lambda key: bench.tracked_stamp.using(queue=SHIPPED_QUEUE).enqueue(key),
             "Backlot enqueue(), ledger on, to the Procfile's default-queue worker line",
         ),
     }

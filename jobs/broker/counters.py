@@ -15,11 +15,14 @@ A key counted for a bounded time (a per-minute bucket of jobs.worker.telemetry) 
 expiry by `expire()`: an EXPIRE written in the same script call, after the counts.
 
 A `-P solo` worker runs its jobs in the process that acknowledges their messages: there a run
-marks its counts `carry()`, the finish's flush leaves them, and the acknowledgement's own
-MULTI/EXEC writes them (jobs.broker.reservations, when the broker's Redis is the platform's):
-no round trip of their own, ~0.1-0.3 ms of a ~1.5 ms ledger job (benchmarks/README.md). The
-counts then reach Redis with the message's acknowledgement, a moment after the job's outcome;
-a worker killed between the two loses that run's counts (as one killed before its finish did).
+marks its counts `carry()`, the finish's flush leaves them, and they go with the message's
+acknowledgement (jobs.broker.reservations, when the broker's Redis is the platform's), which
+rides with the worker's next fetch: the fetch script writes them (WRITE_FUNCTION) before it
+pops the next message; an acknowledgement no fetch takes within RIDE_WAIT writes them in its
+own MULTI/EXEC. No round trip of their own, ~0.1-0.3 ms of a ~1.5 ms ledger job
+(benchmarks/README.md). The counts then reach Redis with the message's acknowledgement, a
+moment after the job's outcome; a worker killed between the two loses that run's counts (as
+one killed before its finish did).
 """
 
 from __future__ import annotations
@@ -96,26 +99,30 @@ def take() -> Counts | None:
 def write(pipe: Any, counts: Counts) -> Any:
     """Add `counts` to a pipeline of the platform's Redis: one EVAL (`_WRITE`), whose reply is
     how many of them Redis refused (a key of another type)."""
-    return pipe.eval(_WRITE, 0, _encoded(counts))
+    return pipe.eval(_WRITE, 0, encoded(counts))
 
 
 # A job's counts are ~11 HINCRBYs and an EXPIRE: as commands, their packing and replies cost
 # redis-py ~0.1 ms of a ~1.5 ms ledger job; as one script, one command and one reply. pcall:
-# a key of another type loses its own count, not the others'.
-_WRITE = """
-local counts = cjson.decode(ARGV[1])
-local refused = 0
-local function count(reply)
-  if type(reply) == 'table' and reply.err then refused = refused + 1 end
+# a key of another type loses its own count, not the others'. WRITE_FUNCTION is the Lua function
+# other scripts embed too (jobs.broker.fetch: a solo worker's counts ride with its next fetch).
+WRITE_FUNCTION = """
+local function write_counts(encoded)
+  local counts = cjson.decode(encoded)
+  local refused = 0
+  local function count(reply)
+    if type(reply) == 'table' and reply.err then refused = refused + 1 end
+  end
+  for _, c in ipairs(counts[1]) do count(redis.pcall('HINCRBY', c[1], c[2], c[3])) end
+  for _, c in ipairs(counts[2]) do count(redis.pcall('HINCRBYFLOAT', c[1], c[2], c[3])) end
+  for _, c in ipairs(counts[3]) do count(redis.pcall('EXPIRE', c[1], c[2])) end
+  return refused
 end
-for _, c in ipairs(counts[1]) do count(redis.pcall('HINCRBY', c[1], c[2], c[3])) end
-for _, c in ipairs(counts[2]) do count(redis.pcall('HINCRBYFLOAT', c[1], c[2], c[3])) end
-for _, c in ipairs(counts[3]) do count(redis.pcall('EXPIRE', c[1], c[2])) end
-return refused
 """
+_WRITE = WRITE_FUNCTION + "return write_counts(ARGV[1])\n"
 
 
-def _encoded(counts: Counts) -> str:
+def encoded(counts: Counts) -> str:
     """The script's argument: counts before expiries, every number as text (as Redis reads it;
     a float's repr keeps every digit, which Lua's own number formatting would not)."""
     ints, floats, expiries = counts

@@ -41,7 +41,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError, ResponseError
 
-from jobs.broker import running
+from jobs.broker import counters, reservations, running
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings
@@ -49,9 +49,14 @@ from jobs.core.conf import backlot_settings
 logger = logging.getLogger(__name__)
 
 # KEYS: the n lists in kombu's order, then unacked, unacked_index, OWNERS, then the bells of the
-# channel's queues; ARGV: n, the holder ('' for none), then for a worker that runs its jobs in
-# its own process with DEFER_CLAIM (else none): a fresh claim token, the lease and the keep
-# (ms) and the run records' prefix. Pops the first message of the first non-empty list and
+# channel's queues; ARGV: n, the holder ('' for none), the acknowledgements that ride with this
+# fetch (a JSON list of delivery tags, '' for none) and the metric counts that ride with them
+# (jobs.broker.counters.encoded, '' for none; jobs.broker.reservations.RIDE_WAIT), then for a
+# worker that runs its jobs in its own process with DEFER_CLAIM (else none): a fresh claim
+# token, the lease and the keep (ms) and the run records' prefix. Settles the acknowledged
+# messages (out of unacked, unacked_index and OWNERS, as kombu's ack and
+# ReservingQoS._remove_from_indices) and writes the counts, then pops the first message of the
+# first non-empty list and
 # records it as taken: {list's index, message, 1}; {index, message, 0} for a message it cannot
 # read a delivery tag, exchange and routing key from (kombu then records it, as it would any);
 # nil (and the bells deleted) when every list is empty. A stamped message
@@ -60,6 +65,14 @@ logger = logging.getLogger(__name__)
 # its list to `unacked`, so a full noeviction Redis still lets workers drain it.
 _FETCH_BODY = """
 local n = tonumber(ARGV[1])
+if ARGV[3] ~= '' then
+    for _, tag in ipairs(cjson.decode(ARGV[3])) do
+        redis.call('ZREM', KEYS[n + 2], tag)
+        redis.call('HDEL', KEYS[n + 1], tag)
+        redis.call('HDEL', KEYS[n + 3], tag)
+    end
+end
+if ARGV[4] ~= '' then write_counts(ARGV[4]) end
 for i = 1, n do
     local payload = redis.call('RPOP', KEYS[i])
     if payload then
@@ -77,10 +90,10 @@ for i = 1, n do
             .. ',' .. cjson.encode(info.routing_key) .. ']')
         if ARGV[2] ~= '' then redis.call('HSET', KEYS[n + 3], tag, ARGV[2]) end
         local headers = message.headers
-        if ARGV[3] and ARGV[3] ~= '' and type(headers) == 'table'
+        if ARGV[5] and ARGV[5] ~= '' and type(headers) == 'table'
             and type(headers['{born}']) == 'table' and type(headers.id) == 'string' then
             local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-            return {i, payload, 1, start_run(ARGV[6] .. headers.id, ARGV[3], ARGV[4], ARGV[5], ms)}
+            return {i, payload, 1, start_run(ARGV[8] .. headers.id, ARGV[5], ARGV[6], ARGV[7], ms)}
         end
         return {i, payload, 1}
     end
@@ -90,11 +103,10 @@ return false
 """.replace("{born}", running.BORN)
 # Redis 7 reads the flags; an older Redis cannot compile the first line and gets the plain body
 # (in effects replication, which TIME needs there).
+_FUNCTIONS = running.START_FUNCTION + counters.WRITE_FUNCTION
 _SCRIPTS = [
-    "#!lua flags=allow-oom\n" + running.START_FUNCTION + _FETCH_BODY,
-    "if redis.replicate_commands then redis.replicate_commands() end\n"
-    + running.START_FUNCTION
-    + _FETCH_BODY,
+    "#!lua flags=allow-oom\n" + _FUNCTIONS + _FETCH_BODY,
+    "if redis.replicate_commands then redis.replicate_commands() end\n" + _FUNCTIONS + _FETCH_BODY,
 ]
 _SHAS = [hashlib.sha1(script.encode()).hexdigest() for script in _SCRIPTS]
 _variant = {"index": 0}
@@ -107,7 +119,7 @@ _KOMBU_READ = _CHANNEL._brpop_read
 _KOMBU_PUT = _CHANNEL._put
 _KOMBU_RESTORE = _CHANNEL._do_restore_message
 _KOMBU_CONSUME = _CHANNEL.basic_consume
-_state = {"fetch": False, "runs": False}
+_state = {"fetch": False, "runs": False, "ride": False}
 
 _FETCH, _BELLS = "fetch", "bells"
 # The delivery's claim token and its run record's answer (jobs.broker.running.start's), in the
@@ -120,14 +132,18 @@ def enabled() -> bool:
     return backlot_settings().ATOMIC_FETCH
 
 
-def install(*, runs: bool = False) -> bool:
+def install(*, runs: bool = False, inline: bool = False) -> bool:
     """In a worker's main process, before it consumes (worker_init, after
     jobs.broker.reservations.install): its channels take messages with the atomic fetch. False (and
     kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs in
-    its own process with DEFER_CLAIM; a stamped message's run record is taken with it."""
+    its own process with DEFER_CLAIM; a stamped message's run record is taken with it.
+    `inline`: it runs each job in its event loop's thread as it takes it (-P solo); its
+    acknowledgements ride with its next fetch (jobs.broker.reservations.RIDE_WAIT)."""
     ring_bells()
     _state["fetch"] = enabled()
     _state["runs"] = runs
+    _state["ride"] = inline and _state["fetch"]
+    reservations.ride_acks(_state["ride"])
     if _state["fetch"]:
         _CHANNEL._brpop_start = _brpop_start
         _CHANNEL._brpop_read = _brpop_read
@@ -234,9 +250,11 @@ def _brpop_start(self: Any, timeout: Any = None) -> None:
     """Take the next message: the fetch script, or kombu's BRPOP (see `_fetches`)."""
     if not _fetches(self):
         self._backlot_phase = None
+        _settle_riding(self)
         return _KOMBU_START(self, timeout)
     queues = self._queue_cycle.consume(len(self.active_queues))
     if not queues:
+        _settle_riding(self)
         return None
     # The poller calls the handler bound when the channel was made (before install(), for a
     # channel opened that early): make it this module's.
@@ -272,10 +290,34 @@ def _send_fetch(channel: Any, *, load: bool = False) -> None:
         lease = int(backlot_settings().LEASE_SECONDS * 1000)
         runs = (str(uuid.uuid4()), lease, running.KEEP_MS, running.PREFIX)
     channel._backlot_token = runs[0] if runs else None
+    riders = getattr(channel, "_backlot_riders", ("", "")) if load else _riders(channel)
     channel._backlot_phase = _FETCH
     channel._backlot_loaded = load
     channel._brpop_sent_at = monotonic()
-    channel.client.connection.send_command(*command, len(keys), *keys, len(lists), owner, *runs)
+    channel.client.connection.send_command(
+        *command, len(keys), *keys, len(lists), owner, *riders, *runs
+    )
+
+
+def _riders(channel: Any) -> tuple[str, str]:
+    """The acknowledgements and metric counts that ride with this fetch (a solo worker's:
+    jobs.broker.reservations.RIDE_WAIT), as the script's arguments; kept on the channel for a
+    fetch sent again in full (its first send never ran: NoScriptError, an old Redis)."""
+    tags: list[str] = []
+    counts = None
+    if _state["ride"]:
+        qos = channel.qos
+        tags = qos.take_riding()
+        counts = counters.take() if qos.carries_counts else None
+    riders = (dumps(tags) if tags else "", counters.encoded(counts) if counts else "")
+    channel._backlot_riders = riders
+    return riders
+
+
+def _settle_riding(channel: Any) -> None:
+    """The acknowledgements waiting for a fetch that this channel will not send now."""
+    if isinstance(channel.qos, ReservingQoS):
+        channel.qos.settle_riding()
 
 
 def _send_bells(channel: Any) -> None:

@@ -37,6 +37,7 @@ from typing import Any
 
 import redis
 from celery import current_app
+from kombu.asynchronous import get_event_loop
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
@@ -62,6 +63,14 @@ DROPPED = "backlot:metrics:reservations_dropped"
 # broadcast (issue 25: 2.05-2.33 s per stale dashboard).
 PRESENCE = "backlot:presence:"
 PRESENCE_NODES = "backlot:presence"
+# A `-P solo` worker's acknowledgements ride with its next fetch (jobs.broker.fetch, whose
+# script drops the acknowledged messages' entries and writes the metric counts before it pops
+# the next message): a round trip per job fewer. The next fetch is sent in the event loop's
+# next turn; acknowledgements no fetch took within RIDE_WAIT seconds (the channel stopped
+# consuming, or its prefetch is full of messages waiting for their countdown) are settled in a
+# MULTI/EXEC of their own. Set by jobs.broker.fetch.install.
+RIDE_WAIT = 0.1
+_riding = {"on": False}
 # A worker whose heartbeat is this old is dead. Refreshed every HEARTBEAT_EVERY s: five missed
 # refreshes in a row (a main process stalled that long is frozen, not busy) before its
 # messages go back; with the relay's 1 s sweep, they run again about 16 s after the death.
@@ -85,6 +94,9 @@ class ReservingQoS(kombu_redis.QoS):
         super().__init__(*args, **kwargs)
         self.owner = heartbeat.register(self)
         self._fetched: str | None = None
+        self.riding: list[str] = []  # acknowledged, for the next fetch to settle (RIDE_WAIT)
+        self._ride_seen: list[str] | None = None
+        self._ride_timer: Any = None
 
     def fetched(self, delivery_tag: str) -> None:
         """The message about to be delivered is in `unacked` and recorded as this holder's
@@ -108,8 +120,46 @@ class ReservingQoS(kombu_redis.QoS):
         return None
 
     def ack(self, delivery_tag: str) -> None:
-        self._settle(delivery_tag)
+        if not (_riding["on"] and self._ride(delivery_tag)):
+            self._settle(delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
+
+    def _ride(self, delivery_tag: str) -> bool:
+        """Leave an acknowledgement to the channel's next fetch (RIDE_WAIT); False where it
+        cannot wait: off the event loop's thread, or with no event loop."""
+        if self._ride_timer is None:
+            hub = get_event_loop()
+            if hub is None:
+                return False
+            self._ride_timer = hub.call_repeatedly(RIDE_WAIT, self._settle_stale)
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self.riding.append(delivery_tag)
+        return True
+
+    def take_riding(self) -> list[str]:
+        """The acknowledgements waiting for a fetch, taken by the fetch that settles them."""
+        tags, self.riding = self.riding, []
+        return tags
+
+    def _settle_stale(self) -> None:
+        """Every RIDE_WAIT: settle the acknowledgements that waited a whole round for a fetch
+        (the list a fetch takes is replaced by a new one; the same list twice is a stale one)."""
+        if self.riding and self.riding is self._ride_seen:
+            self.settle_riding()
+        self._ride_seen = self.riding
+
+    def settle_riding(self) -> None:
+        """The acknowledgements no fetch took, in a MULTI/EXEC of their own; a connection error
+        is logged, as kombu logs an acknowledgement that failed (the messages stay in `unacked`
+        until this holder's heartbeat lapses, and their copies are dropped at claim)."""
+        tags = self.take_riding()
+        if not tags:
+            return
+        try:
+            self._settle(*tags)
+        except redis.RedisError as exc:
+            logger.warning("Couldn't ack %d message(s): %s", len(tags), exc)
 
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
@@ -117,11 +167,13 @@ class ReservingQoS(kombu_redis.QoS):
         self._settle(delivery_tag)
         return virtual.QoS.ack(self, delivery_tag)  # kombu's reject without requeue
 
-    def _settle(self, delivery_tag: str) -> None:
-        """kombu's Redis ack: the message out of `unacked` in one MULTI/EXEC, here with its
-        owner record (`_remove_from_indices`) and the metric counts this process's runs left
+    def _settle(self, *delivery_tags: str) -> None:
+        """kombu's Redis ack: the messages out of `unacked` in one MULTI/EXEC, here with their
+        owner records (`_remove_from_indices`) and the metric counts this process's runs left
         to it (jobs.broker.counters.carry()) when the broker's Redis is the platform's."""
-        pipe = self._remove_from_indices(delivery_tag)
+        pipe = self._remove_from_indices(delivery_tags[0])
+        for tag in delivery_tags[1:]:
+            self._remove_from_indices(tag, pipe)
         counts = counters.take() if self.carries_counts else None
         if counts is None:
             pipe.execute()
@@ -171,7 +223,8 @@ class ReservingQoS(kombu_redis.QoS):
         """What the channel held, back to its queues when it closes; not when its connection
         is already gone (the consumer closing it after a failover): kombu would rebuild the
         pool out of the closed connection and the AttributeError would stop the worker. The
-        messages stay in `unacked` and go back once this holder's heartbeat lapses."""
+        messages stay in `unacked` and go back once this holder's heartbeat lapses. The
+        acknowledgements waiting for a fetch are settled first."""
         if client is None and self._connection_closed():
             logger.warning(
                 "%d message(s) this channel held stay in unacked: its broker connection is "
@@ -179,6 +232,9 @@ class ReservingQoS(kombu_redis.QoS):
                 len(self._delivered or ()),
             )
             return
+        self.settle_riding()
+        if self._ride_timer is not None:
+            self._ride_timer.cancel()
         super().restore_unacked(client)
 
     def _connection_closed(self) -> bool:
@@ -189,6 +245,12 @@ class ReservingQoS(kombu_redis.QoS):
     @property
     def open(self) -> bool:
         return not getattr(self.channel, "closed", True)
+
+
+def ride_acks(on: bool) -> None:
+    """A `-P solo` worker's acknowledgements ride with its next fetch (RIDE_WAIT;
+    jobs.broker.fetch.install)."""
+    _riding["on"] = on
 
 
 def carries_counts() -> bool:

@@ -74,7 +74,8 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
         reservations.install(node=sender.hostname, app=sender.app)
         # ... and takes each in one step with its record (jobs.broker.fetch); with a stamped
         # message's run record where its run will not write its claim first (DEFER_CLAIM)
-        fetch.install(runs=backlot_settings().DEFER_CLAIM and _inline(sender))
+        inline = _inline(sender)
+        fetch.install(runs=backlot_settings().DEFER_CLAIM and inline, inline=inline)
 
 
 def _inline(sender: Any) -> bool:

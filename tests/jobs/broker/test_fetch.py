@@ -26,9 +26,11 @@ import redis
 from celery.signals import before_task_publish
 from django.test import override_settings
 from kombu import Connection, Exchange, Queue
+from kombu.asynchronous import Hub
+from kombu.asynchronous import hub as kombu_hub
 from kombu.transport import redis as kombu_redis
 
-from jobs.broker import counters, fetch, running
+from jobs.broker import counters, fetch, reservations, running
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
@@ -403,6 +405,68 @@ def test_a_deferring_worker_takes_a_stamped_messages_run_record_with_it(
             holder = token if case == "fresh" else other
             assert raw.hget(record, "token") == holder.encode()
         message.ack()
+
+
+def test_a_solo_workers_ack_rides_with_its_next_fetch(
+    fetching_here: None, clean_redis: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    # given: a worker that runs its jobs in its event loop's thread (-P solo), whose run left
+    # its counts to the ack, and two messages on its queue
+    monkeypatch.setitem(fetch._state, "ride", True)
+    monkeypatch.setitem(reservations._riding, "on", True)
+    hub = Hub()
+    monkeypatch.setattr(kombu_hub, "_current_loop", hub)
+    url = backlot_settings().REDIS_URL
+    raw = redis.Redis.from_url(url)
+    counted = "backlot:test:counts:ride"
+    name = f"fetch-ride-{uuid.uuid4().hex[:8]}"
+    queue = Queue(name, Exchange(name), routing_key=name)
+    got: list[Any] = []
+    with Connection(url, transport_options=PRIORITY_TRANSPORT_OPTIONS) as connection:
+        with connection.Producer() as producer:
+            for n in range(2):
+                producer.publish(
+                    {"n": n},
+                    exchange=queue.exchange,
+                    routing_key=name,
+                    declare=[queue],
+                    headers={"task": "tests.fetch_here"},
+                    serializer="json",
+                )
+        with connection.Consumer(queue, callbacks=[lambda body, m: got.append(m)], accept=["json"]):
+            wait_until(lambda: _drain(connection) or got, timeout=20, what="the first message")
+            first = got[0]
+            counters.carry()
+            counters.add(counted, "finished")
+
+            # when the first is acknowledged
+            first.ack()
+
+            # then it waits for the next fetch, which settles it with the counts as it takes
+            # the second message: no round trip of its own
+            assert raw.hexists("unacked", first.delivery_tag)
+            wait_until(lambda: _drain(connection) or len(got) > 1, timeout=20, what="the second")
+            assert not raw.hexists("unacked", first.delivery_tag)
+            assert raw.zscore("unacked_index", first.delivery_tag) is None
+            assert raw.hgetall(counted) == {b"finished": b"1"}
+            assert raw.hexists("unacked", got[1].delivery_tag)
+
+            # when the second is acknowledged and no fetch follows, it is settled on its own
+            # within two rounds of RIDE_WAIT
+            got[1].ack()
+            assert raw.hexists("unacked", got[1].delivery_tag)
+            wait_until(
+                lambda: (
+                    hub.fire_timers() is not None
+                    and not raw.hexists("unacked", got[1].delivery_tag)
+                ),
+                timeout=5,
+                interval=0.05,
+                what="the ack no fetch took",
+            )
+    assert raw.hgetall(counted) == {b"finished": b"1"}  # counted once
 
 
 def _drain(connection: Connection) -> bool:

@@ -1,7 +1,9 @@
-"""A `-P solo` worker's metric counts go to Redis in the MULTI/EXEC that acknowledges the job's
-message (jobs.broker.counters.carry, jobs.broker.reservations.ReservingQoS._settle), not in a
-round trip of their own; a prefork worker's pool processes, which do not acknowledge, flush
-theirs themselves. Either way every delivery and finish is counted once.
+"""A `-P solo` worker's metric counts go to Redis with the acknowledgement of the job's message
+(jobs.broker.counters.carry), which rides with the worker's next fetch: the fetch script drops
+the message's entries and writes the counts before it pops the next message
+(jobs.broker.reservations.RIDE_WAIT, jobs.broker.fetch), not in a round trip of their own; a
+prefork worker's pool processes, which do not acknowledge, flush theirs themselves. Either way
+every delivery and finish is counted once.
 
 What each worker sent is read from Redis' MONITOR of the worker's private Redis.
 """
@@ -52,31 +54,53 @@ class Monitor:
 
 
 def count_writes(commands: list[tuple[str, str]]) -> Counter:
-    """The job counts' HINCRBYs (deliveries and finishes), by where they were sent: inside an
-    acknowledgement's MULTI/EXEC (one that drops a message's owner record) or outside one.
-    The counts go in a script (jobs.broker.counters.write): MONITOR shows the commands a script
-    runs right after its EVAL, from the client "lua"; they count where the EVAL was sent."""
-    blocks: dict[str, list[str]] = {}
+    """The job counts' HINCRBYs (deliveries and finishes), by where they were sent: with an
+    acknowledgement (in a MULTI/EXEC, or a script, that drops a message's owner record) or
+    without one."""
     placed: Counter = Counter()
-    scripting: str | None = None  # the client whose EVAL the "lua" lines that follow are
+    for _, unit in _units(commands):
+        acked = any(_ack(c) for c in unit)
+        for c in unit:
+            if _job_count(c):
+                placed["with the ack" if acked else "on its own"] += 1
+    return placed
+
+
+def ack_places(commands: list[tuple[str, str]]) -> Counter:
+    """The acknowledgements (a message's owner record dropped), by what sent them: a fetch
+    script (EVALSHA), a MULTI/EXEC or a lone command."""
+    return Counter(kind for kind, unit in _units(commands) for c in unit if _ack(c))
+
+
+def _units(commands: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """Each MULTI/EXEC, each script call with the commands it ran, each lone command. MONITOR
+    shows the commands a script runs right after its EVAL/EVALSHA, from the client "lua"."""
+    units: list[tuple[str, list[str]]] = []
+    blocks: dict[str, list[str]] = {}
+    script: list[str] | None = None  # the call whose "lua" lines follow
     for sender, command in commands:
-        address = scripting or sender if sender.startswith("lua") else sender
-        if not sender.startswith("lua"):
-            scripting = sender if command[:5].upper() == "EVAL " else None
+        if sender.startswith("lua"):
+            if script is not None:
+                script.append(command)
+            continue
+        script = None
         verb = command.split(" ", 1)[0].upper()
         if verb == "MULTI":
-            blocks[address] = []
+            blocks[sender] = []
         elif verb == "EXEC":
-            block = blocks.pop(address, [])
-            acked = any(c.startswith("HDEL backlot:reserved ") for c in block)
-            for c in block:
-                if _job_count(c):
-                    placed["with the ack" if acked else "in another transaction"] += 1
-        elif address in blocks:
-            blocks[address].append(command)
-        elif _job_count(command):
-            placed["on its own"] += 1
-    return placed
+            units.append(("MULTI/EXEC", blocks.pop(sender, [])))
+        elif sender in blocks:
+            blocks[sender].append(command)
+        elif verb in ("EVAL", "EVALSHA"):
+            script = [command]
+            units.append((verb, script))
+        else:
+            units.append(("command", [command]))
+    return units
+
+
+def _ack(command: str) -> bool:
+    return command.startswith("HDEL backlot:reserved ")
 
 
 def _job_count(command: str) -> bool:
@@ -111,10 +135,12 @@ def test_job_counts_reach_redis_with_the_ack_on_a_solo_worker(
     assert runs(run_id) == Counter(dict.fromkeys(range(6), 1))
     commands = monitor.stop(private_redis.client)
 
-    # on a solo worker in the acknowledgements' MULTI/EXEC; a prefork worker's pool process
-    # (which does not acknowledge) in pipelines of its own
+    # on a solo worker with the acknowledgements (in the fetch script that settles them); a
+    # prefork worker's pool process (which does not acknowledge) on their own
     placed = count_writes(commands)
     if pool == "solo":
         assert placed == Counter({"with the ack": 12}), placed
+        # each acknowledgement rode with the worker's next fetch: no round trip of its own
+        assert ack_places(commands) == Counter({"EVALSHA": 6}), ack_places(commands)
     else:
         assert placed == Counter({"on its own": 12}), placed
