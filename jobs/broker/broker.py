@@ -268,7 +268,7 @@ def _publish_many_short(
                 texts = protocol.fill(template, chunk, message_repr)
             else:
                 texts = [
-                    protocol.dumps(
+                    protocol.message_text(
                         protocol.build(
                             task=task,
                             job_id=job_id,

@@ -254,6 +254,12 @@ _body_dumps = jsontext.dumper(JSONEncoder().default)
 _VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
+def message_text(message: Mapping[str, Any]) -> str:
+    """A message as the text pushed on its list: kombu's dumps without the blanks after its
+    separators (~30 bytes of ~580 per queued job; any JSON reader takes it, kombu's too)."""
+    return dumps(message, separators=(",", ":"))
+
+
 def template(
     *,
     task: Any,
@@ -278,7 +284,7 @@ def template(
     )
     message["body"] = marks["body"]
     message["properties"]["delivery_tag"] = marks["tag"]
-    text = dumps(message).replace("%", "%%")
+    text = message_text(message).replace("%", "%%")
     for name, mark in marks.items():
         if text.count(mark) != 1:
             return None
@@ -350,7 +356,7 @@ def push_many(route: Route, queue: str, messages: Sequence[dict[str, Any]]) -> N
     if not messages:
         return
     priority = messages[0]["properties"]["priority"]
-    push_texts(route, queue, priority, [dumps(m) for m in messages])
+    push_texts(route, queue, priority, [message_text(m) for m in messages])
 
 
 def push_texts(route: Route, queue: str, priority: int, messages: Sequence[str]) -> None:
