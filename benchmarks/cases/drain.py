@@ -355,7 +355,7 @@ def shipped_worker_lines() -> list[list[str]]:
             continue  # the no-op jobs are short jobs: what the default queue's workers give
         replicas = str(compose.get(name.strip(), {}).get("deploy", {}).get("replicas", 1))
         count = int(re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", _expand_variable, replicas))
-        lines += [_without_hostname(args)] * count
+        lines += [without_option(args, "-n", "--hostname")] * count
     return lines
 
 
@@ -368,16 +368,18 @@ def _queues_of(args: list[str]) -> list[str]:
     return ["default"]
 
 
-def _without_hostname(args: list[str]) -> list[str]:
+def without_option(args: list[str], short: str, long: str) -> list[str]:
+    """A worker line's arguments without one option and its value (`-n x`, `--hostname x`,
+    `--hostname=x`)."""
     out, skip = [], False
     for arg in args:
         if skip:
             skip = False
             continue
-        if arg in ("-n", "--hostname"):
+        if arg in (short, long):
             skip = True
             continue
-        if arg.startswith("--hostname="):
+        if arg.startswith(f"{long}="):
             continue
         out.append(arg)
     return out

@@ -18,7 +18,7 @@ import uuid
 from django.db import connection
 
 from benchmarks import jobs as bench
-from benchmarks.cases.drain import shipped_worker_lines
+from benchmarks.cases.drain import shipped_worker_lines, without_option
 from benchmarks.harness import CaseResult, Workers, empty_queues, percentile, wait_stamp
 from benchmarks.sizes import SIZES
 
@@ -118,15 +118,4 @@ def run(*, full: bool = False) -> CaseResult:
 
 def _on_queue(args: list[str], queue: str) -> list[str]:
     """A worker line's arguments consuming `queue` instead of its own queues."""
-    out, skip = [], False
-    for arg in args:
-        if skip:
-            skip = False
-            continue
-        if arg in ("-Q", "--queues"):
-            skip = True
-            continue
-        if arg.startswith("--queues="):
-            continue
-        out.append(arg)
-    return ["-Q", queue, *out]
+    return ["-Q", queue, *without_option(args, "-Q", "--queues")]
