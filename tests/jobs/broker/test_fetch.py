@@ -59,7 +59,9 @@ class Monitor:
 
     def __init__(self) -> None:
         self.seen: list[tuple[int, str]] = []
-        self._stop = threading.Event()
+        # the command that ends it: read in order after every command sent before it (a flag
+        # checked between reads dropped the commands still buffered when it was set)
+        self._stop = f"backlot-test-monitor-stop-{uuid.uuid4().hex}"
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -68,10 +70,12 @@ class Monitor:
         client = redis.Redis.from_url(backlot_settings().REDIS_URL)
         with client.monitor() as monitor:
             self._ready.set()
-            while not self._stop.is_set():
+            while True:
                 command = monitor.next_command()
                 port = command.get("client_port")
                 text = str(command.get("command", ""))
+                if self._stop in text:
+                    return
                 name = text.split(" ", 1)[0].strip('"').upper()
                 if name in ("EVALSHA", "EVAL") and any(sha in text for sha in FETCH_MARKS):
                     name = "FETCH"  # jobs.broker.fetch's script (kombu runs scripts of its own)
@@ -84,9 +88,9 @@ class Monitor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        redis_client().ping()  # one more command, so the reader sees the stop
-        self._thread.join(10)
+        redis_client().get(self._stop)
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "MONITOR did not read its stop"
 
     def calls(self, ports: set[int]) -> Counter[str]:
         return Counter(name for port, name in self.seen if port in ports)
