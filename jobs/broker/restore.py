@@ -22,16 +22,10 @@ import redis
 from celery import current_app
 from kombu.utils.json import dumps, loads
 
+from jobs.broker.heartbeat import HEARTBEAT, WORKERS, plain_client
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.redis import redis_client
-from jobs.broker.reservations import (
-    DROPPED,
-    HEARTBEAT,
-    OWNERS,
-    RESTORED,
-    WORKERS,
-    plain_client,
-)
+from jobs.broker.reservations import DROPPED, OWNERS, RESTORED
 from jobs.core.conf import backlot_settings
 
 logger = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from django.db.models import Count, Min, Q
 from django.utils import timezone
 
 from jobs.broker import queues as broker_queues
+from jobs.broker.heartbeat import workers_present
 from jobs.broker.pausing import paused_queues
 from jobs.broker.redis import redis_client
-from jobs.broker.reservations import workers_present
 from jobs.core.conf import backlot_settings
 from jobs.flow.relay import unknown_tasks
 from jobs.models import ActiveJob, DeadLetter, JobState
@@ -92,7 +92,7 @@ def queue_stats() -> list[QueueStats]:
 
 def workers_detail() -> dict[str, dict[str, Any]]:
     """Worker hostname -> {"queues": [...], "concurrency": n, "last_beat": unix time}, read
-    from the presence each worker keeps with its heartbeat (jobs.broker.reservations): two
+    from the presence each worker keeps with its heartbeat (jobs.broker.heartbeat): two
     Redis commands, never a broadcast to the workers (an inspect waits its whole timeout,
     1 s, for workers that may never answer). A paused queue is left out of a worker's queues:
     workers stop consuming it within the pause's sync interval."""

@@ -20,7 +20,7 @@ from celery.signals import (
 )
 from django.db import close_old_connections
 
-from jobs.broker import amqp, counters, fetch, reservations
+from jobs.broker import amqp, counters, fetch, heartbeat, reservations
 from jobs.broker.broker import BROKER_ERRORS, slim_message
 from jobs.core.conf import backlot_settings
 from jobs.worker import conflicts, watchdog
@@ -113,7 +113,7 @@ def declare_undeliverable(sender: Any = None, **kwargs: Any) -> None:
 def keep_worker_heartbeat(sender: Any = None, **kwargs: Any) -> None:
     """Once the pool has started: the worker's heartbeat, refreshed from a thread, with its
     presence (the queues it was started with, its concurrency) that the cockpit reads
-    (jobs.broker.reservations.workers_present) instead of an inspect broadcast."""
+    (jobs.broker.heartbeat.workers_present) instead of an inspect broadcast."""
     presence = None
     if sender is not None:
         controller = getattr(sender, "controller", None)
@@ -121,13 +121,13 @@ def keep_worker_heartbeat(sender: Any = None, **kwargs: Any) -> None:
             "queues": sorted(sender.app.amqp.queues.consume_from),
             "concurrency": getattr(controller, "concurrency", None),
         }
-    reservations.keep_alive(presence)
+    heartbeat.keep_alive(presence)
 
 
 @worker_shutdown.connect
 def leave_presence(**kwargs: Any) -> None:
     """The worker stops: the cockpit stops listing it now, not a heartbeat's TTL later."""
-    reservations.leave()
+    heartbeat.leave()
 
 
 @worker_process_shutdown.connect

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from celery import current_app
 
-from jobs.broker import reservations, restore
+from jobs.broker import heartbeat, restore
+from jobs.broker.heartbeat import HEARTBEAT, WORKERS
 from jobs.broker.redis import redis_client
-from jobs.broker.reservations import DROPPED, HEARTBEAT, OWNERS, RESTORED, WORKERS
+from jobs.broker.reservations import DROPPED, OWNERS, RESTORED
 from jobs.broker.restore import restore_lost
 
 # No worker consumes it: a session worker of the suite would take the restored messages.
@@ -155,21 +156,21 @@ def test_a_heartbeat_covers_every_open_channel_of_the_worker(broker: Any) -> Non
             self.open = True
             self.owner: str | None = None
 
-    keeper = reservations.Heartbeat()
+    keeper = heartbeat.Heartbeat()
     keeper.worker_id = "node@host:1:abcd"
     keeper._app, keeper._pid = current_app, os.getpid()
     first, second = Holder(), Holder()
-    first.owner = keeper.register(first)  # type: ignore[arg-type]
-    second.owner = keeper.register(second)  # type: ignore[arg-type]
+    first.owner = keeper.register(first)
+    second.owner = keeper.register(second)
     assert (first.owner, second.owner) == ("node@host:1:abcd/1", "node@host:1:abcd/2")
     # a holder's first beat lasts until the thread runs (STARTUP_TTL)
-    assert broker.ttl(f"{HEARTBEAT}{first.owner}") > reservations.HEARTBEAT_TTL
+    assert broker.ttl(f"{HEARTBEAT}{first.owner}") > heartbeat.HEARTBEAT_TTL
 
     second.open = False  # its channel closed with a lost connection
     broker.delete(f"{HEARTBEAT}{first.owner}", f"{HEARTBEAT}{second.owner}")
     keeper.beat()
 
-    assert 0 < broker.ttl(f"{HEARTBEAT}{first.owner}") <= reservations.HEARTBEAT_TTL
+    assert 0 < broker.ttl(f"{HEARTBEAT}{first.owner}") <= heartbeat.HEARTBEAT_TTL
     assert not broker.exists(f"{HEARTBEAT}{second.owner}")
 
 
@@ -181,7 +182,7 @@ def test_a_beat_while_a_channel_registers_covers_it(broker: Any) -> None:
         def __init__(self) -> None:
             self.open = True
 
-    keeper = reservations.Heartbeat()
+    keeper = heartbeat.Heartbeat()
     keeper.worker_id = "node@host:2:beef"
     keeper._app, keeper._pid = current_app, os.getpid()
     first_beat = keeper._beat

@@ -74,7 +74,7 @@ def test_dead_job_shows_its_error(client, owner, owned_job):
 
 
 def test_health_reports_checks(client, admin_user, session_worker, clean_redis):
-    from jobs.broker.reservations import workers_present
+    from jobs.broker.heartbeat import workers_present
 
     # clean_redis emptied Redis: the worker's presence is back at its next heartbeat (3 s)
     wait_until(lambda: session_worker.name in workers_present(), what="the worker's presence")

@@ -1,5 +1,5 @@
 """The cockpit never waits on a broadcast: the admin dashboard and /metrics read worker presence
-from the records the workers keep with their heartbeats (jobs.broker.reservations), so with 5
+from the records the workers keep with their heartbeats (jobs.broker.heartbeat), so with 5
 real workers a dashboard whose old worker cache would be stale (just after a pause and a
 resume) answers in less than one broadcast's reply timeout, and no message goes to Celery's
 pidbox (the channel every inspect/ping broadcast is published on) while it does."""
@@ -15,8 +15,8 @@ import redis
 from celery import current_app
 from django.urls import reverse
 
+from jobs.broker.heartbeat import HEARTBEAT_TTL, workers_present
 from jobs.broker.pausing import pause, resume
-from jobs.broker.reservations import HEARTBEAT_TTL, workers_present
 from jobs.testing import Worker
 from tests.conftest import wait_until
 
