@@ -282,43 +282,53 @@ def test_a_killed_workers_slot_frees_with_the_jobs_lease(
     lease = 3.0
     env = {"BACKLOT_LEASE_SECONDS": str(lease), "CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT": "2"}
     doomed = start_worker(f"{unique[:6]}doomed", queues="reports", concurrency=1, **env)
+    # (its workers are stopped whatever happens: one left consuming `reports` took a job of
+    # the next test that ran in this process, test_pause's "19 of 20 waiting")
     flag = f"{unique}-go"
-    on_reports = limited.blocking.using(queue="reports")
-    first = on_reports.enqueue(key=unique, tenant="t", flag=flag)
-    wait_until(lambda: started_ids(unique), timeout=30, what="the first job to start")
-    survivor = start_worker(f"{unique[:6]}survivor", queues="reports", concurrency=2, **env)
-    second = on_reports.enqueue(key=unique, tenant="t", flag=flag)
-    gates = Gates()
-    gate = gates.gate_of(first.id)
-    assert gate is not None
-    wait_until(lambda: gates.waiting(gate) == 1, timeout=30, what="the second job waiting")
+    survivor: Worker | None = None
+    try:
+        on_reports = limited.blocking.using(queue="reports")
+        first = on_reports.enqueue(key=unique, tenant="t", flag=flag)
+        wait_until(lambda: started_ids(unique), timeout=30, what="the first job to start")
+        survivor = start_worker(f"{unique[:6]}survivor", queues="reports", concurrency=2, **env)
+        second = on_reports.enqueue(key=unique, tenant="t", flag=flag)
+        gates = Gates()
+        gate = gates.gate_of(first.id)
+        assert gate is not None
+        wait_until(lambda: gates.waiting(gate) == 1, timeout=30, what="the second job waiting")
 
-    # when: the first worker is killed (-9, with its pool process)
-    os.killpg(doomed.process.pid, signal.SIGKILL)
-    killed = time.time()
-    doomed.process.wait(timeout=10)
+        # when: the first worker is killed (-9, with its pool process)
+        os.killpg(doomed.process.pid, signal.SIGKILL)
+        killed = time.time()
+        doomed.process.wait(timeout=10)
 
-    # then: once the dead run's lease lapsed, the key's slot is free again: the relay's sweep
-    # lets the waiting job in (or the first job, re-queued, takes it back), one at a time
-    def restarted() -> list[float]:
-        job_relay()
-        assert running_per_key(limited.blocking.name)["t"] <= 1 or not _lease_lapsed(first.id)
-        return [at for at, value in marks(unique) if value.startswith("start:") and at > killed]
+        # then: once the dead run's lease lapsed, the key's slot is free again: the relay's sweep
+        # lets the waiting job in (or the first job, re-queued, takes it back), one at a time
+        def restarted() -> list[float]:
+            job_relay()
+            assert running_per_key(limited.blocking.name)["t"] <= 1 or not _lease_lapsed(first.id)
+            return [at for at, value in marks(unique) if value.startswith("start:") and at > killed]
 
-    again = wait_until(restarted, timeout=lease * 4 + 20, interval=0.5, what="a job of t to start")
-    assert again[0] - killed <= lease + 6, f"the slot came back {again[0] - killed:.1f} s after"
-    holders = gates.holding(gate)
-    assert len(holders) == 1 and holders[0] in (first.id, second.id)
-    # and both finish, one after the other
-    set_flag(flag)
+        again = wait_until(
+            restarted, timeout=lease * 4 + 20, interval=0.5, what="a job of t to start"
+        )
+        assert again[0] - killed <= lease + 6, f"the slot came back {again[0] - killed:.1f} s after"
+        holders = gates.holding(gate)
+        assert len(holders) == 1 and holders[0] in (first.id, second.id)
+        # and both finish, one after the other
+        set_flag(flag)
 
-    def both_done() -> bool:
-        job_relay()
-        return {first.job().state, second.job().state} == {JobState.SUCCEEDED}
+        def both_done() -> bool:
+            job_relay()
+            return {first.job().state, second.job().state} == {JobState.SUCCEEDED}
 
-    wait_until(both_done, timeout=90, interval=0.5, what="both jobs to succeed")
-    assert gates.holding(gate) == [] and gates.waiting(gate) == 0
-    survivor.stop()
+        wait_until(both_done, timeout=90, interval=0.5, what="both jobs to succeed")
+        assert gates.holding(gate) == [] and gates.waiting(gate) == 0
+    finally:
+        set_flag(flag)  # a blocking job still running ends
+        for worker in (survivor, doomed):
+            if worker is not None:
+                worker.stop()
 
 
 def _lease_lapsed(job_id: str) -> bool:
