@@ -4,6 +4,11 @@ POST /bench/trivial/  answers at once: the floor of a request through the same m
 POST /bench/enqueue/  enqueues one Backlot no-op (ledger on) and answers 202 with its id,
                       the shape of every enqueue endpoint in the project.
 POST /bench/delay/    the same with a bare Celery delay().
+
+The parts of the project's POST /api/emails/ beyond an enqueue, each alone (issue 26, item 6):
+POST /bench/token/       the API's bearer-token authentication (lockout check, token lookup).
+POST /bench/render/      the email's templates rendered (subject, text, HTML).
+POST /bench/idempotent/  the no-op's enqueue holding an idempotency key (its record's row).
 """
 
 from __future__ import annotations
@@ -14,6 +19,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from benchmarks import jobs as bench
+from emails.services import email_render
+from web.auth import TokenAuth
+
+_token_auth = TokenAuth()
 
 
 @csrf_exempt
@@ -36,9 +45,37 @@ def delay(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"task_id": result.id}, status=202)
 
 
+@csrf_exempt
+@require_POST
+def token(request: HttpRequest) -> JsonResponse:
+    bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+    user = _token_auth.authenticate(request, bearer)
+    if user is None:
+        return JsonResponse({"detail": "unknown token"}, status=401)
+    return JsonResponse({"user": user.pk})
+
+
+@csrf_exempt
+@require_POST
+def render(request: HttpRequest) -> JsonResponse:
+    subject, text, html = email_render(template="test", context={"name": request.POST["name"]})
+    return JsonResponse({"subject": subject, "length": len(text) + len(html)})
+
+
+@csrf_exempt
+@require_POST
+def idempotent(request: HttpRequest) -> JsonResponse:
+    key = request.POST["key"]
+    handle = bench.noop.using(idempotency_key=key).enqueue(request.POST.get("n", "0"))
+    return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
+
+
 urlpatterns = [
     path("bench/trivial/", trivial),
     path("bench/enqueue/", enqueue),
     path("bench/delay/", delay),
+    path("bench/token/", token),
+    path("bench/render/", render),
+    path("bench/idempotent/", idempotent),
     path("", include("config.urls")),
 ]
