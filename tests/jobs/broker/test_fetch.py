@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import socket
-import threading
 import time
 import uuid
 from collections import Counter
@@ -41,7 +40,7 @@ from jobs.models import Job, JobState
 from tests.conftest import Worker, marks, wait_until
 from tests.jobs.broker.test_redis_sentinel import MASTER
 from tests.jobs.broker.test_redis_sentinel import sentinel_setup as sentinel_setup  # a fixture
-from tests.support import tasks
+from tests.support import redis_clients, tasks
 from tests.support.redis_clients import socket_ports, waiting_for_a_bell
 
 QUEUE = "reports"
@@ -54,46 +53,30 @@ def worker_ports(worker: Worker, *, pool: bool = False) -> set[int]:
     return set().union(*(socket_ports(pid) for pid in pids))
 
 
-class Monitor:
-    """Every command Redis runs while it is open (MONITOR), as (client port, COMMAND)."""
+class Monitor(redis_clients.Monitor):
+    """What the platform's Redis runs while it is open (MONITOR), counted by command name."""
 
     def __init__(self) -> None:
-        self.seen: list[tuple[int, str]] = []
-        # the command that ends it: read in order after every command sent before it (a flag
-        # checked between reads dropped the commands still buffered when it was set)
-        self._stop = f"backlot-test-monitor-stop-{uuid.uuid4().hex}"
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        # a client of its own with no read timeout: MONITOR may be silent for a while
-        client = redis.Redis.from_url(backlot_settings().REDIS_URL)
-        with client.monitor() as monitor:
-            self._ready.set()
-            while True:
-                command = monitor.next_command()
-                port = command.get("client_port")
-                text = str(command.get("command", ""))
-                if self._stop in text:
-                    return
-                name = text.split(" ", 1)[0].strip('"').upper()
-                if name in ("EVALSHA", "EVAL") and any(sha in text for sha in FETCH_MARKS):
-                    name = "FETCH"  # jobs.broker.fetch's script (kombu runs scripts of its own)
-                if port and port.isdigit():
-                    self.seen.append((int(port), name))
+        super().__init__(backlot_settings().REDIS_URL)
 
     def __enter__(self) -> Monitor:
-        self._thread.start()
-        self._ready.wait(10)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        redis_client().get(self._stop)
-        self._thread.join(30)
-        assert not self._thread.is_alive(), "MONITOR did not read its stop"
+        self.stop(redis_client())
 
     def calls(self, ports: set[int]) -> Counter[str]:
-        return Counter(name for port, name in self.seen if port in ports)
+        """The commands clients on `ports` sent, by name (FETCH: jobs.broker.fetch's script;
+        kombu runs scripts of its own)."""
+        counted: Counter[str] = Counter()
+        for _, port, text in list(self.lines):
+            if not port.isdigit() or int(port) not in ports:
+                continue
+            name = text.split(" ", 1)[0].strip('"').upper()
+            if name in ("EVALSHA", "EVAL") and any(sha in text for sha in FETCH_MARKS):
+                name = "FETCH"
+            counted[name] += 1
+        return counted
 
 
 def fetch_waiting(worker: Worker) -> bool:

@@ -10,47 +10,16 @@ What each worker sent is read from Redis' MONITOR of the worker's private Redis.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from typing import Any
 
 import pytest
-import redis
 
 from jobs.worker.outcomes import DELIVERIES
 from jobs.worker.telemetry import FINISHED
 from tests.conftest import wait_until
+from tests.support.redis_clients import Monitor
 from tests.system.faults.conftest import runs, wait_finished
-
-STOP = "backlot-test-monitor-stop"
-
-
-class Monitor:
-    """Every command the Redis at `url` runs, by client connection, until stop()."""
-
-    def __init__(self, url: str) -> None:
-        self.client = redis.Redis.from_url(url, socket_timeout=60)
-        self.commands: list[tuple[str, str]] = []  # (client address, command)
-        ready = threading.Event()
-        self.thread = threading.Thread(target=self._listen, args=(ready,), daemon=True)
-        self.thread.start()
-        assert ready.wait(10), "MONITOR did not start"
-
-    def _listen(self, ready: threading.Event) -> None:
-        with self.client.monitor() as monitor:  # MONITOR is on once its OK is read
-            ready.set()
-            for line in monitor.listen():
-                if STOP in line["command"]:
-                    return
-                address = f"{line['client_address']}:{line['client_port']}"
-                self.commands.append((address, line["command"]))
-
-    def stop(self, client: redis.Redis) -> list[tuple[str, str]]:
-        """What was seen until now (`client` sends the command that ends the MONITOR)."""
-        client.get(STOP)
-        self.thread.join(10)
-        assert not self.thread.is_alive(), "MONITOR did not stop"
-        return self.commands
 
 
 def count_writes(commands: list[tuple[str, str]]) -> Counter:
@@ -133,7 +102,10 @@ def test_job_counts_reach_redis_with_the_ack_on_a_solo_worker(
 
     wait_until(lambda: counts() == (6, 6), timeout=20, interval=0.1, what="the 12 counts")
     assert runs(run_id) == Counter(dict.fromkeys(range(6), 1))
-    commands = monitor.stop(private_redis.client)
+    commands = [
+        (f"{address}:{port}", command)
+        for address, port, command in monitor.stop(private_redis.client)
+    ]
 
     # on a solo worker with the acknowledgements (in the fetch script that settles them); a
     # prefork worker's pool process (which does not acknowledge) on their own
