@@ -46,6 +46,9 @@ SEQUENCE = PREFIX + "seq"  # arrival order of parked jobs
 # the benchmark and /metrics: re-sends per job stay near 1 (a parked job is sent once more).
 RESENDS = "backlot:metrics:gate_resends"
 PARKED = "backlot:metrics:gate_parked"  # jobs parked, per task
+# Jobs that waited for a rate-limit token (parked at enqueue behind a later token, or delivered
+# before theirs), per task: the backlot_rate_limit_waits metric (jobs.worker.telemetry).
+RATE_LIMITED = "backlot:metrics:rate_limited"
 
 # A granted rate token is its job's even when the job arrives late (a busy pool, a backlog in
 # its queue): it is never forfeited, so the average holds. Bunching is what the bucket's last
@@ -200,6 +203,7 @@ class Gates:
         self._dispatch = self.client.register_script(gate_scripts.DISPATCH)
         self._forget = self.client.register_script(gate_scripts.FORGET)
         self._pace = self.client.register_script(gate_scripts.PACE)
+        self._waiting = self.client.register_script(gate_scripts.WAITING)
 
     def admit(self, gate: Gate, job_id: str, message: str, *, horizon: float) -> Admission:
         """Let a delivered job through its gate, or park it (its `message` kept for later)."""
@@ -220,11 +224,14 @@ class Gates:
         *,
         dispatch: Sequence[tuple[Gate, float]] = (),
         counter: tuple[str, str] | None = None,
+        rate_waits: str | None = None,
     ) -> list[list[Released]]:
         """wait(jobs), then add their number to `counter` (a per-task counter: name, task) and
         dispatch each (gate, horizon) of `dispatch`, in that order, each script atomic as
         alone: the counter and the dispatches ride in the round trip of the last batch of
-        parks. What each dispatch released, in the order of `dispatch`.
+        parks. With `rate_waits` (a task), the jobs parked at rate gates that still wait after
+        the dispatches are counted under it in RATE_LIMITED, in that round trip too. What each
+        dispatch released, in the order of `dispatch`.
 
         One enqueue of a limited job paid five round trips here (SCRIPT EXISTS, which
         redis-py's pipeline sends before every EVALSHA it carries, the park, the counter, the
@@ -232,6 +239,7 @@ class Gates:
         NOSCRIPT (it restarted or flushed them), then those calls are sent again, in order."""
         batches = [jobs[start : start + WAIT_BATCH] for start in range(0, len(jobs), WAIT_BATCH)]
         answers: list[Any] = []
+        first_dispatch = 0
         for index, batch in enumerate(batches or [[]]):
             calls: list[tuple[Script, list[str], list[Any]]] = [
                 (
@@ -242,6 +250,7 @@ class Gates:
                 for gate, job_id, message in batch
             ]
             last = index == max(0, len(batches) - 1)
+            first_dispatch = len(calls)
             if last:
                 calls += [
                     (
@@ -251,9 +260,27 @@ class Gates:
                     )
                     for gate, horizon in dispatch
                 ]
+                if rate_waits is not None:
+                    calls += self._waiting_call(jobs, rate_waits)
             tally = (counter[0], counter[1], len(jobs)) if last and counter and jobs else None
             answers = self._evalsha_pipeline(calls, tally)
-        return [_released(flat) for flat in answers[len(answers) - len(dispatch) :]]
+        released = answers[first_dispatch : first_dispatch + len(dispatch)]
+        return [_released(flat) for flat in released]
+
+    def _waiting_call(
+        self, jobs: list[tuple[Gate, str, str]], task: str
+    ) -> list[tuple[Script, list[str], list[Any]]]:
+        """The WAITING script's call for the jobs parked at rate gates (none without any)."""
+        by_gate: dict[str, list[str]] = {}
+        for gate, job_id, _ in jobs:
+            if gate.interval:
+                by_gate.setdefault(gate.keys()[0], []).append(job_id)
+        if not by_gate:
+            return []
+        args: list[Any] = [task]
+        for ids in by_gate.values():
+            args += [len(ids), *ids]
+        return [(self._waiting, [RATE_LIMITED, *by_gate], args)]
 
     def _evalsha_pipeline(
         self, calls: list[tuple[Script, list[str], list[Any]]], tally: tuple[str, str, int] | None
@@ -380,12 +407,16 @@ class Gates:
         return [redis_text(member) for member in members]
 
 
-def count(counter: str, task: str, amount: int = 1) -> None:
-    """Add to a per-task counter (RESENDS, PARKED); never raises."""
+def count(*counters: str, task: str, amount: int = 1) -> None:
+    """Add to per-task counters (RESENDS, PARKED, RATE_LIMITED), in one round trip; never
+    raises."""
     try:
-        redis_client().hincrby(counter, task, amount)
+        pipe = redis_client().pipeline(transaction=False)
+        for counter in counters:
+            pipe.hincrby(counter, task, amount)
+        pipe.execute()
     except RedisError as exc:
-        logger.debug("Could not count %s for %s: %s", counter, task, exc)
+        logger.debug("Could not count %s for %s: %s", counters, task, exc)
 
 
 def counted(counter: str, tasks: Iterable[str] | None = None) -> dict[str, int]:

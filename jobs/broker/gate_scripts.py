@@ -232,3 +232,21 @@ redis.call('ZADD', KEYS[1], now, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], 2000)
 return '0'
 """
+
+# KEYS: 1 the per-task count of rate-limit waits, then each rate gate's wait
+# ARGV: task, then for each of those gates its number of jobs and their ids
+# Returns how many of the jobs still wait in their gate (counted under the task): run after the
+# dispatches of an enqueue's park, in the same round trip, it counts the jobs parked there that
+# wait for a later token (the backlot_rate_limit_waits metric).
+WAITING = """
+local waiting, at = 0, 2
+for g = 2, #KEYS do
+  local n = tonumber(ARGV[at])
+  for i = at + 1, at + n do
+    if redis.call('ZSCORE', KEYS[g], ARGV[i]) then waiting = waiting + 1 end
+  end
+  at = at + n + 1
+end
+if waiting > 0 then redis.call('HINCRBY', KEYS[1], ARGV[1], waiting) end
+return waiting
+"""

@@ -27,7 +27,16 @@ from redis.exceptions import RedisError
 
 from jobs import ledger
 from jobs.broker.broker import Publishable, publish
-from jobs.broker.concurrency import PARKED, RESENDS, Gate, Gates, Released, count, horizon_for
+from jobs.broker.concurrency import (
+    PARKED,
+    RATE_LIMITED,
+    RESENDS,
+    Gate,
+    Gates,
+    Released,
+    count,
+    horizon_for,
+)
 from jobs.broker.ratelimit import parse_rate
 from jobs.core import events, tracing
 from jobs.core.conf import backlot_settings
@@ -185,7 +194,7 @@ def admit(task: Gated, args: tuple, kwargs: dict, held: Slots) -> bool:
     if decision.verdict == "early":
         _publish(task.name, [Released(job_id, message, decision.wait)])
     elif decision.verdict == "parked":
-        count(PARKED, task.name)
+        count(PARKED, RATE_LIMITED, task=task.name)
         turn = decision.waiting * gate.interval
         events.send(events.job_rate_limited, task=task.name, job_id=job_id, wait=turn)
         logger.debug("Job %s waits at %s (%d waiting)", job_id, gate.name, decision.waiting)
@@ -322,7 +331,9 @@ def park(task: Any, jobs: Sequence[Parking]) -> list[str]:
             (gate, horizon_for(gate.interval, conf.RATE_LIMIT_MAX_RESERVE))
             for gate in touched.values()
         ]
-        releases = gates.park(waiting, dispatch=dispatch, counter=(PARKED, task.name))
+        releases = gates.park(
+            waiting, dispatch=dispatch, counter=(PARKED, task.name), rate_waits=task.name
+        )
         for (gate, _), released in zip(dispatch, releases, strict=True):
             _publish(task.name, released, marked=parked)
             if gate.interval:
@@ -334,8 +345,8 @@ def park(task: Any, jobs: Sequence[Parking]) -> list[str]:
 
 
 def _waits(task_name: str, gate: Gate, parked: list[str], released: list[Released]) -> None:
-    """job_rate_limited for each job parked at enqueue that waits for a later token (the
-    backlot_rate_limit_waits metric), with its turn estimated from its place in the line."""
+    """job_rate_limited for each job parked at enqueue that waits for a later token, with its
+    turn estimated from its place in the line (the park counted them in RATE_LIMITED)."""
     gone = {item.job_id for item in released}
     place = len(released)
     for job_id in parked:
@@ -384,7 +395,7 @@ def _publish(task_name: str, released: list[Released], marked: Collection[str] =
             continue
         sent += 1
         if message.get("sent", True):
-            count(RESENDS, message["task"] or task_name)
+            count(RESENDS, task=message["task"] or task_name)
         if message.get("track", True) and item.job_id not in marked:
             tracked[int(message.get("retries", 0))].append(item.job_id)
     for attempts, ids in tracked.items():

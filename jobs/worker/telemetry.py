@@ -17,6 +17,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from jobs.broker import counters
+from jobs.broker.concurrency import RATE_LIMITED
 from jobs.broker.redis import redis_client, redis_text
 from jobs.core import events, tracing
 from jobs.ledger import describe_exception
@@ -25,7 +26,6 @@ logger = logging.getLogger(__name__)
 job_logger = logging.getLogger("backlot.jobs")
 
 FINISHED = "backlot:metrics:finished"  # field "task\tstate" -> count
-RATE_LIMITED = "backlot:metrics:rate_limited"  # field task -> count
 RUNTIME = "backlot:metrics:runtime:"  # + task: fields bucket bounds, "sum", "count"
 # The same by queue, for dashboards and alerts that look at a queue rather than a task.
 QUEUE_FINISHED = "backlot:metrics:queue_finished"  # field "queue\tstate" -> count
@@ -89,13 +89,6 @@ def finished_by_minute(
             bucket[(queue, state)] = int(count)
         buckets.append(bucket)
     return buckets
-
-
-def record_rate_limited(task: str) -> None:
-    try:
-        redis_client().hincrby(RATE_LIMITED, task, 1)
-    except Exception as exc:  # noqa: BLE001 - metrics must never fail a job
-        logger.debug("Could not record a rate-limit wait for %s: %s", task, exc)
 
 
 def collect() -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
@@ -218,10 +211,6 @@ _RECEIVERS = {
 }
 
 
-def _count_rate_limited(sender: str, **kwargs: Any) -> None:
-    record_rate_limited(sender)
-
-
 def _count_step(sender: str, *, outcome: str, **kwargs: Any) -> None:
     counters.add(STEPS, f"{sender}\t{outcome}")
 
@@ -230,5 +219,4 @@ def connect() -> None:
     """Subscribe the log lines and metrics to the job events (idempotent)."""
     for name, receive in _RECEIVERS.items():
         events.ALL[name].connect(receive, dispatch_uid=f"backlot-telemetry-{name}")
-    events.job_rate_limited.connect(_count_rate_limited, dispatch_uid="backlot-telemetry-rate")
     events.step_finished.connect(_count_step, dispatch_uid="backlot-telemetry-steps")

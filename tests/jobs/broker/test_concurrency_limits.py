@@ -18,11 +18,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 from django.db import transaction
 from django.db.models import Count, Sum
 
 from jobs import cancel, enqueue_many
-from jobs.broker.concurrency import PARKED, RESENDS, Gate, Gates, counted
+from jobs.broker.concurrency import PARKED, RATE_LIMITED, RESENDS, Gate, Gates, counted
 from jobs.broker.ratelimit import parse_rate
 from jobs.broker.slots import job_gate
 from jobs.flow.relay import job_relay
@@ -465,6 +466,39 @@ def test_a_park_counts_and_dispatches_in_its_one_round_trip_even_after_a_script_
     # and the scripts are back: a second park sends them as EVALSHA only
     [none] = gates.park([(gate, "j4", "{}")], dispatch=[(gate, 1.0)], counter=(counters, "t"))
     assert none == [] and gates.waiting(gate) == 3 and int(gates.client.hget(counters, "t")) == 4
+
+
+def test_a_park_counts_the_jobs_left_waiting_for_a_rate_token_in_its_round_trip(gates, monkeypatch):
+    # given: the scripts loaded (a first park loads them: a round trip of its own), and what the
+    # gates' client sends Redis from then on, by round trip (pipelines)
+    warm = Gate(name="warm", queue="emails", bucket="warm", interval=0.1)
+    gates.park([(warm, "w0", "{}")], dispatch=[(warm, 1.0)], rate_waits="warm")
+    gate = rate_gate(interval=0.1)
+    trips: list[int] = []
+    execute = redis.client.Pipeline.execute
+
+    def counted_execute(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(len(pipe.command_stack))
+        return execute(pipe, *args, **kwargs)
+
+    monkeypatch.setattr(redis.client.Pipeline, "execute", counted_execute)
+
+    # when: 30 jobs of task t park at a rate gate with its dispatch (an enqueue's park)
+    [released] = gates.park(
+        [(gate, f"j{i}", "{}") for i in range(30)],
+        dispatch=[(gate, 1.0)],
+        counter=(PARKED, "t"),
+        rate_waits="t",
+    )
+
+    # then: a second's worth of tokens went out, and the rest are counted as waiting for a
+    # later token (backlot_rate_limit_waits), in the park's one round trip
+    assert 10 <= len(released) <= 11
+    assert counted(RATE_LIMITED, ["t"]) == {"t": 30 - len(released)} == {"t": gates.waiting(gate)}
+    assert len(trips) == 1, trips
+    # a park at a gate without a rate (a concurrency limit only) counts no rate wait
+    gates.park([(conc_gate(limit=1), f"c{i}", "{}") for i in range(3)], rate_waits="t")
+    assert counted(RATE_LIMITED, ["t"]) == {"t": 30 - len(released)}
 
 
 def test_rate_waiters_are_granted_one_token_each_an_interval_apart(gates):
