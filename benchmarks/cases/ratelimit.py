@@ -4,7 +4,7 @@
 a backlog of rate-limited jobs (ledger on); each job stamps its start. The achieved rate is
 (jobs - 1) / (last start - first start); the error is its distance from 50/s. The busiest
 1-second window (most starts in any second) must stay within the limit + 10 %, and the
-messages re-published for a slot (jobs.broker.concurrency.RESENDS) below 1.5 per job.
+messages re-published for a slot (jobs.broker.gate_counts.RESENDS) below 1.5 per job.
 """
 
 from __future__ import annotations
@@ -159,9 +159,9 @@ def _in_window(stamps: list[float], start: float, width: float) -> int:
 
 
 def _rate_limited_count() -> int:
-    """Messages re-published for a slot (jobs.broker.concurrency.RESENDS): a job parked at enqueue
+    """Messages re-published for a slot (jobs.broker.gate_counts.RESENDS): a job parked at enqueue
     and let through by its gate is sent once, and is not counted."""
-    from jobs.broker.concurrency import RESENDS
+    from jobs.broker.gate_counts import RESENDS
 
     value = redis_client().hget(RESENDS, bench.rate_limited.name)
     return int(value or 0)

@@ -20,15 +20,16 @@ All decisions are Lua scripts reading Redis' own clock, atomic across hosts.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from jobs.broker import gate_scripts
+from jobs.broker.gate_counts import RATE_LIMITED
 from jobs.broker.redis import redis_client, redis_text
 
 logger = logging.getLogger(__name__)
@@ -42,13 +43,6 @@ GATES = PREFIX + "waiting"  # gates that have parked jobs (the relay's sweep vis
 QUEUES = PREFIX + "queues"  # queue -> parked jobs of that queue (the relay's lost-message check)
 OWNER = PREFIX + "of"  # job id -> its gate, while it is parked or holds a slot
 SEQUENCE = PREFIX + "seq"  # arrival order of parked jobs
-# Messages re-published to wait for a slot (a release, a grant's countdown), per task; read by
-# the benchmark and /metrics: re-sends per job stay near 1 (a parked job is sent once more).
-RESENDS = "backlot:metrics:gate_resends"
-PARKED = "backlot:metrics:gate_parked"  # jobs parked, per task
-# Jobs that waited for a rate-limit token (parked at enqueue behind a later token, or delivered
-# before theirs), per task: the backlot_rate_limit_waits metric (jobs.worker.telemetry).
-RATE_LIMITED = "backlot:metrics:rate_limited"
 
 # A granted rate token is its job's even when the job arrives late (a busy pool, a backlog in
 # its queue): it is never forfeited, so the average holds. Bunching is what the bucket's last
@@ -405,22 +399,3 @@ class Gates:
             CONC_PREFIX + gate.holders, seconds + micros / 1e6, "+inf"
         )
         return [redis_text(member) for member in members]
-
-
-def count(*counters: str, task: str, amount: int = 1) -> None:
-    """Add to per-task counters (RESENDS, PARKED, RATE_LIMITED), in one round trip; never
-    raises."""
-    try:
-        pipe = redis_client().pipeline(transaction=False)
-        for counter in counters:
-            pipe.hincrby(counter, task, amount)
-        pipe.execute()
-    except RedisError as exc:
-        logger.debug("Could not count %s for %s: %s", counters, task, exc)
-
-
-def counted(counter: str, tasks: Iterable[str] | None = None) -> dict[str, int]:
-    """The per-task counts of RESENDS or PARKED."""
-    stored: dict[bytes, bytes] = redis_client().hgetall(counter)  # type: ignore[assignment]
-    raw = {redis_text(k): int(v) for k, v in stored.items()}
-    return raw if tasks is None else {task: raw.get(task, 0) for task in tasks}

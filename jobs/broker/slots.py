@@ -27,16 +27,8 @@ from redis.exceptions import RedisError
 
 from jobs import ledger
 from jobs.broker.broker import Publishable, publish
-from jobs.broker.concurrency import (
-    PARKED,
-    RATE_LIMITED,
-    RESENDS,
-    Gate,
-    Gates,
-    Released,
-    count,
-    horizon_for,
-)
+from jobs.broker.concurrency import Gate, Gates, Released, horizon_for
+from jobs.broker.gate_counts import PARKED, RATE_LIMITED, RESENDS, count
 from jobs.broker.ratelimit import parse_rate
 from jobs.core import events, tracing
 from jobs.core.conf import backlot_settings

@@ -17,7 +17,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 
 from jobs.broker import counters
-from jobs.broker.concurrency import RATE_LIMITED
+from jobs.broker.gate_counts import RATE_LIMITED
 from jobs.broker.redis import redis_client, redis_text
 from jobs.core import events, tracing
 from jobs.ledger import describe_exception

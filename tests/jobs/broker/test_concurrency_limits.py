@@ -23,7 +23,8 @@ from django.db import transaction
 from django.db.models import Count, Sum
 
 from jobs import cancel, enqueue_many
-from jobs.broker.concurrency import PARKED, RATE_LIMITED, RESENDS, Gate, Gates, counted
+from jobs.broker.concurrency import Gate, Gates
+from jobs.broker.gate_counts import PARKED, RATE_LIMITED, RESENDS, counted
 from jobs.broker.ratelimit import parse_rate
 from jobs.broker.slots import job_gate
 from jobs.flow.relay import job_relay
