@@ -5,9 +5,11 @@ per page. Registered by EmailsConfig.ready()."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import Q
 from django.urls import reverse
 
 from jobs import JobDescription, describe_jobs
@@ -49,14 +51,25 @@ def describe_campaign_finishes(jobs: Sequence[Any]) -> dict[Any, JobDescription]
     return _by_campaign(jobs, 1, suffix=": finish")
 
 
+def _message_key(email: Any) -> int | str | None:
+    """A send names its message by id, or by uid (EmailMessageQuerySet.named)."""
+    if isinstance(email, int) or (isinstance(email, str) and email.isdigit()):
+        return int(email)
+    try:
+        return str(uuid.UUID(email))
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 def describe_sends(jobs: Sequence[Any]) -> dict[Any, JobDescription]:
-    wanted = {job.id: _arg(job, "email_id", 0) for job in jobs}
-    rows = {
-        pk: (subject, to, campaign_id)
-        for pk, subject, to, campaign_id in EmailMessage.objects.filter(
-            pk__in=[e for e in wanted.values() if e is not None]
-        ).values_list("pk", "subject", "to", "recipient__campaign_id")
-    }
+    wanted = {job.id: _message_key(_arg(job, "email_id", 0)) for job in jobs}
+    ids = [e for e in wanted.values() if isinstance(e, int)]
+    uids = [e for e in wanted.values() if isinstance(e, str)]
+    rows: dict[int | str, tuple[str, str, int | None]] = {}
+    for pk, uid, subject, to, campaign in EmailMessage.objects.filter(
+        Q(pk__in=ids) | Q(uid__in=uids)
+    ).values_list("pk", "uid", "subject", "to", "recipient__campaign_id"):
+        rows[pk] = rows[str(uid)] = (subject, to, campaign)
     found = {}
     for key, email_id in wanted.items():
         if email_id in rows:

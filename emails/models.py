@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import uuid
 from collections.abc import Collection
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, models
+from django.db import models
 from django.db.models import Count, Exists, F, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -62,38 +61,13 @@ def _move(row: models.Model, sources: Collection[str], **changes: object) -> boo
 
 
 class EmailMessageQuerySet(OwnedQuerySet["EmailMessage"]):
-    def insert(self, **values: Any) -> EmailMessage:
-        """A new message row (as create(**values)): one INSERT ... RETURNING id whose SQL is
-        built once per database and set of columns, the values prepared by each field as
-        save() does. The ORM's create() compiled its INSERT on every call: ~0.2 ms of
-        POST /api/emails/ (in process, PostgreSQL on loopback). EmailMessage has no save()
-        of its own nor pre_save/post_save receivers."""
-        message = self.model(**values)
-        using = self.db
-        connection = connections[using]
-        if not connection.features.can_return_columns_from_insert:
-            message.save(force_insert=True, using=using)
-            return message
-        fields = tuple(f for f in self.model._meta.concrete_fields if not f.primary_key)
-        prepared = [f.get_db_prep_save(f.pre_save(message, True), connection) for f in fields]
-        with connection.cursor() as cursor:
-            cursor.execute(_insert_sql(self.model, connection.alias, fields), prepared)
-            (pk,) = cursor.fetchone()
-        message.pk = pk
-        message._state.adding = False
-        message._state.db = using
-        return message
-
-
-@functools.lru_cache(maxsize=8)
-def _insert_sql(model: type[models.Model], using: str, fields: tuple[Any, ...]) -> str:
-    quote = connections[using].ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
-    return (
-        f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES ({marks}) "
-        f"RETURNING {quote(model._meta.pk.column)}"
-    )
+    def named(self, email: int | str) -> EmailMessageQuerySet:
+        """The message a send job names: by its id (a campaign's or a report's sends), or by
+        its uid (POST /api/emails/ and the send form, which insert the message in the job's
+        own statement, before its id is known)."""
+        if isinstance(email, str) and not email.isdigit():
+            return self.filter(uid=email)
+        return self.filter(pk=int(email))
 
 
 class EmailMessage(models.Model):

@@ -27,7 +27,7 @@ def _email_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
 
 
 def _email_cancelled(args: tuple, kwargs: dict) -> None:
-    services.email_cancelled(email_id=int(kwargs.get("email_id") or args[0]))
+    services.email_cancelled(email_id=kwargs.get("email_id") or args[0])
 
 
 def _import_gave_up(exc: BaseException, args: tuple, kwargs: dict) -> None:
@@ -83,7 +83,9 @@ def _done_cancelled(args: tuple, kwargs: dict) -> None:
     on_dead=_email_gave_up,
     on_cancelled=_email_cancelled,
 )
-def email_send_job(self: Any, email_id: int) -> str:
+def email_send_job(self: Any, email_id: int | str) -> str:
+    """Send the message `email_id`: its id, or its uid (see EmailMessageQuerySet.named)."""
+
     def stop_if_cancelled() -> None:
         # Right before DATA: the server has the envelope, not the body, so a send cancelled
         # while it waited on the server stops here and the message never goes out.

@@ -294,7 +294,7 @@ def _recipient_key(report: Report, address: str) -> str:
     return f"report-email:{report.uid.hex}:{digest}"
 
 
-def report_email(*, report_id: int, send_job: PlatformTask[[int], str]) -> int:
+def report_email(*, report_id: int, send_job: PlatformTask[[int | str], str]) -> int:
     """Queue one email with the PDF attached per recipient, each sent by `send_job`
     (emails.tasks.email_send_job); returns how many were queued now.
 

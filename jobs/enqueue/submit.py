@@ -69,7 +69,7 @@ class JobHandle:
 INSERTED, REFUSED, REVOKED = "inserted", "refused", "revoked"
 
 
-def _insert(job: Job, *, replacing: bool) -> str:
+def _insert(job: Job, *, replacing: bool, alongside: Any = None) -> str:
     """Insert the job's row (one INSERT is atomic on its own: no BEGIN/COMMIT round trip).
 
     A job sent with a given id may be the task that Celery's Task.replace() froze with the id
@@ -80,7 +80,7 @@ def _insert(job: Job, *, replacing: bool) -> str:
     worker, and the row stays cancelled. The id of a job that is still active or ran to its
     end is refused with a ValueError naming it (one id, one job)."""
     if not replacing:
-        ledger.insert(job)
+        ledger.insert(job, alongside)
         return INSERTED
     in_transaction = transaction.get_connection().in_atomic_block
     try:
@@ -121,8 +121,14 @@ def enqueue(
     trace_parent: Mapping[str, str] | None = None,
     parent_stopping: bool | None = None,
     job_id: uuid.UUID | str | None = None,
+    alongside: Any = None,
 ) -> JobHandle:
     """Accept a job: check its payload, write its ledger row, publish after commit.
+
+    `alongside`: the caller's new model instance, inserted with the job's row (on PostgreSQL
+    in the job's own statement: atomic without a transaction; jobs.ledger.alongside), its
+    primary key set when enqueue returns; it is inserted also when an idempotency key returns
+    another job.
 
     `job_id`: the new job's id, chosen by the caller (a fresh UUID), so that the caller's own
     row can be written with it before the job is (saves that row's UPDATE); an id already in
@@ -138,6 +144,13 @@ def enqueue(
     args, kwargs = list(args), dict(kwargs or {})
     if job_id is not None and task_id is not None:
         raise ValueError("pass job_id (a new job's id) or task_id (Celery's), not both")
+    if alongside is not None:
+        ledger.check_alongside(alongside)
+        if task_id is not None or not task.track:
+            raise ValueError(
+                f"alongside= writes a row with a new job's ledger row: not with task_id, nor for "
+                f"{task.name} if it has track=False"
+            )
     if not on_commit and transaction.get_connection().in_atomic_block:
         raise ValueError(
             "on_commit=False inside a transaction would publish a job whose ledger row the "
@@ -182,7 +195,7 @@ def enqueue(
         if task_id is not None and Job.objects.filter(id=job.id).exists():
             # the task of a Task.replace(), its replaced job's row already there: nothing to send
             return JobHandle(id=str(job.id), task_name=task.name)
-        ledger.insert(job)
+        ledger.insert(job, alongside)
         if joining is not None:
             joining.born_cancelled += 1
         return JobHandle(id=str(job.id), task_name=task.name)
@@ -199,11 +212,13 @@ def enqueue(
         job.published_at = now
     if idempotency_key:
         ttl = timedelta(seconds=conf.IDEMPOTENCY_TTL)
-        holder = ledger.insert_holding_key(job=job, key=idempotency_key, ttl=ttl, now=now)
+        holder = ledger.insert_holding_key(
+            job=job, key=idempotency_key, ttl=ttl, now=now, alongside=alongside
+        )
         if holder is not None:  # not a new member: the job that holds the key is another's
             return JobHandle(id=str(holder.id), task_name=task.name, created=False)
     else:
-        inserted = _insert(job, replacing=task_id is not None)
+        inserted = _insert(job, replacing=task_id is not None, alongside=alongside)
         if inserted == REFUSED:  # its replaced job was cancelled
             return JobHandle(id=str(job.id), task_name=task.name)
         if inserted == REVOKED:  # sent for the worker to discard, as Celery's revoked ids

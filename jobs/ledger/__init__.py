@@ -18,6 +18,7 @@ from jobs.ledger.accept import (
     unpublish,
     waiting_but_due,
 )
+from jobs.ledger.alongside import check as check_alongside
 from jobs.ledger.busy import busy_released, database_busy, when_free
 from jobs.ledger.cancel import (
     cancel_discarded,
@@ -81,6 +82,7 @@ __all__ = [
     "busy_released",
     "cancel_discarded",
     "cancel_waiting",
+    "check_alongside",
     "children_cancelled",
     "claim",
     "claim_deferred",

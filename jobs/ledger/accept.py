@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from jobs.core import jsontext
 from jobs.core.states import JobState, sources, target
+from jobs.ledger import alongside as companion
 from jobs.ledger.run import Defaults, give_up
 from jobs.models import DeadLetter, IdempotencyRecord, Job
 
@@ -28,7 +29,7 @@ BULK_BATCH = 1000
 
 
 # --- enqueue: a new row, queued or scheduled -----------------------------------------------
-def insert(job: Job) -> None:
+def insert(job: Job, alongside: Any = None) -> None:
     """A new job (queued, or scheduled for later): one INSERT, atomic on its own.
 
     The statement is built once per database and set of columns, and the row's values prepared
@@ -36,13 +37,38 @@ def insert(job: Job) -> None:
     compilation (two thirds of an enqueue's Python work, measured). A nullable column whose
     value is None is left out (its column defaults to NULL): 15 of Job's 35 at a plain enqueue,
     each a value prepared and bound for nothing. Job has no pre_save/post_save receivers of the
-    platform's; the documented hook is events.job_enqueued, sent after commit."""
+    platform's; the documented hook is events.job_enqueued, sent after commit.
+
+    `alongside`: the caller's new row, inserted with the job (jobs.ledger.alongside): on
+    PostgreSQL in this same statement, elsewhere just before it in one transaction."""
     db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (see _insert_values)
+    if alongside is not None and db.vendor != "postgresql":
+        with transaction.atomic(savepoint=False):
+            companion.insert_alone(alongside, db)
+            insert(job)
+        return
     fields, values = _insert_values(job, db)
     with db.cursor() as cursor:
-        cursor.execute(_insert_sql(db.vendor, tuple(fields)), values)
+        if alongside is None:
+            cursor.execute(_insert_sql(db.vendor, tuple(fields)), values)
+        else:
+            row_fields, row_values = companion.values(alongside, db)
+            model: Any = type(alongside)
+            sql = _with_row_sql(model, row_fields, _insert_sql(db.vendor, tuple(fields)))
+            cursor.execute(sql, [*row_values, *values])
+            companion.saved(alongside, cursor.fetchone()[0], db)
     job._state.adding = False
     job._state.db = db.alias
+
+
+@functools.lru_cache(maxsize=64)
+def _with_row_sql(model: Any, row_fields: tuple[Any, ...], job_sql: str) -> str:
+    """PostgreSQL: the caller's row as a CTE of the job's INSERT, which returns its key."""
+    pk = connection.ops.quote_name(model._meta.pk.column)
+    return (
+        f"WITH caller AS ({companion.insert_sql(model, row_fields, 'postgresql')}) "
+        f"{job_sql} RETURNING (SELECT {pk} FROM caller)"
+    )
 
 
 def _insert_values(job: Job, db: Any) -> tuple[list[Any], list[Any]]:
@@ -73,8 +99,11 @@ def _insert_sql(vendor: str, fields: tuple[Any, ...]) -> str:
     return f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({marks})"
 
 
-def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> Job | None:
+def insert_holding_key(
+    *, job: Job, key: str, ttl: timedelta, now: datetime, alongside: Any = None
+) -> Job | None:
     """Insert `job` holding the idempotency `key`, or return the job that already holds it.
+    The caller's row `alongside` (see insert) is inserted in either case.
 
     Runs in the caller's transaction (or its own). The key's row goes first, `INSERT ... ON
     CONFLICT DO NOTHING`: a new key inserts it and then the job (the record's foreign key is
@@ -85,10 +114,12 @@ def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> 
     it held) or rolls back (then inserts it).
     """
     scoped = f"{job.task_name}:{key}"
-    if connection.vendor == "postgresql" and _insert_with_record(job, scoped, now):
+    if connection.vendor == "postgresql" and _insert_with_record(job, scoped, now, alongside):
         return None
     with transaction.atomic(savepoint=False):
         if connection.vendor != "postgresql":
+            if alongside is not None:
+                companion.insert_alone(alongside, connections[DEFAULT_DB_ALIAS])
             with connection.cursor() as cursor:
                 cursor.execute(_record_sql(connection.vendor), _record_values(scoped, job.id, now))
                 taken = cursor.rowcount == 1
@@ -108,19 +139,26 @@ def insert_holding_key(*, job: Job, key: str, ttl: timedelta, now: datetime) -> 
         return None
 
 
-def _insert_with_record(job: Job, key: str, now: datetime) -> bool:
+def _insert_with_record(job: Job, key: str, now: datetime, alongside: Any = None) -> bool:
     """PostgreSQL: the key's record and the job in one statement (the record's INSERT ... ON
     CONFLICT DO NOTHING as a CTE, the job's row inserted only when it took the key), atomic on
     its own: one round trip where two were (and, outside a transaction, no BEGIN and COMMIT
     around them). False, with nothing written, when the key is held: the caller then looks at
-    its holder. A concurrent enqueue of the key waits on its index entry, as before."""
+    its holder. A concurrent enqueue of the key waits on its index entry, as before. The
+    caller's row `alongside` is a third CTE of it, inserted whether or not the key was taken."""
     db = connections[DEFAULT_DB_ALIAS]
     fields, values = _insert_values(job, db)
+    record = _record_values(key, job.id, now)
     with db.cursor() as cursor:
-        cursor.execute(
-            _insert_with_record_sql(tuple(fields)), [*_record_values(key, job.id, now), *values]
-        )
-        taken = cursor.rowcount == 1
+        if alongside is None:
+            cursor.execute(_insert_with_record_sql(tuple(fields)), [*record, *values])
+            taken = cursor.rowcount == 1
+        else:
+            row_fields, row_values = companion.values(alongside, db)
+            sql = _insert_with_record_sql(tuple(fields), (type(alongside), row_fields))
+            cursor.execute(sql, [*row_values, *record, *values])
+            pk, taken = cursor.fetchone()
+            companion.saved(alongside, pk, db)
     if taken:
         job._state.adding = False
         job._state.db = db.alias
@@ -128,14 +166,25 @@ def _insert_with_record(job: Job, key: str, now: datetime) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_with_record_sql(fields: tuple[Any, ...]) -> str:
+def _insert_with_record_sql(
+    fields: tuple[Any, ...], alongside: tuple[Any, tuple[Any, ...]] | None = None
+) -> str:
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f.column) for f in fields)
     marks = ", ".join(["%s"] * len(fields))
-    return (
-        f"WITH record AS ({_record_sql('postgresql')} RETURNING 1) "
+    job = (
         f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) "
         f"SELECT {marks} WHERE EXISTS (SELECT FROM record)"
+    )
+    record = f"record AS ({_record_sql('postgresql')} RETURNING 1)"
+    if alongside is None:
+        return f"WITH {record} {job}"
+    model, row_fields = alongside
+    pk = quote(model._meta.pk.column)
+    return (
+        f"WITH caller AS ({companion.insert_sql(model, row_fields, 'postgresql')}), {record}, "
+        f"job AS ({job} RETURNING 1) "
+        f"SELECT (SELECT {pk} FROM caller), EXISTS (SELECT FROM job)"
     )
 
 

@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from celery.utils.time import maybe_iso8601, maybe_make_aware
+from django.db import models
 from django.utils import timezone
 
 from jobs.core import context
@@ -116,12 +117,16 @@ class PlatformTask(CeleryTaskAPI[P, R]):
         owner: Any = None,
         queue: str | None = None,
         job_id: uuid.UUID | str | None = None,
+        alongside: models.Model | None = None,
     ) -> Enqueuer[P, R]:
         """This job with enqueue options; see jobs.enqueue.submit.enqueue.
 
         ``job_id`` (a UUID the caller made) lets a view write its own row with the job's id in
-        its INSERT instead of an UPDATE after the enqueue. Only here, not among the options
-        enqueue() takes by name: a job function may well have an argument called job_id.
+        its INSERT instead of an UPDATE after the enqueue. ``alongside`` (a new model instance)
+        is inserted with the job, on PostgreSQL in the job's own statement: the view's row and
+        its job are atomic in one round trip, no transaction around them. Both only here, not
+        among the options enqueue() takes by name: a job function may well have an argument
+        called job_id.
         """
         return Enqueuer(
             self,
@@ -134,6 +139,7 @@ class PlatformTask(CeleryTaskAPI[P, R]):
                 "owner": owner,
                 "queue": queue,
                 "job_id": job_id,
+                "alongside": alongside,
             },
         )
 

@@ -64,13 +64,16 @@ def test_the_message_row_is_inserted_with_its_job_id(client, admin_user, transac
     with CaptureQueriesContext(connection) as queries:
         response = send(client)
 
-    # then: its row names its send job from its INSERT on: no UPDATE of it after the enqueue
+    # then: its row names its send job from its INSERT on: no UPDATE of it after the enqueue;
+    # the job names the message by its uid, and the row and the job are one statement
     assert response.status_code == 202
     body = response.json()
-    assert str(EmailMessage.objects.get(pk=body["email_id"]).job_id) == body["job_id"]
-    assert Job.objects.get(id=body["job_id"]).args == [body["email_id"]]
-    table = EmailMessage._meta.db_table
-    assert not [q for q in queries.captured_queries if q["sql"].startswith(f'UPDATE "{table}"')]
+    message = EmailMessage.objects.get(pk=body["email_id"])
+    assert str(message.job_id) == body["job_id"]
+    assert Job.objects.get(id=body["job_id"]).args == [str(message.uid)]
+    table, jobs_table = EmailMessage._meta.db_table, Job._meta.db_table
+    writes = [q["sql"] for q in queries.captured_queries if f'"{table}"' in q["sql"]]
+    assert len(writes) == 1 and f'INSERT INTO "{jobs_table}"' in writes[0]
 
 
 @pytest.mark.parametrize(

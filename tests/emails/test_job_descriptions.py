@@ -39,10 +39,15 @@ def test_sends_imports_and_finishes_read_as_their_campaign(client: Any, django_u
     alone = EmailMessage.objects.create(
         to="bo@example.com", subject="Hi Bo", template="campaign", owner=user
     )
+    # a send of POST /api/emails/ names its message by uid
+    by_uid = EmailMessage.objects.create(
+        to="cy@example.com", subject="Hi Cy", template="campaign", owner=user
+    )
     upload = RecipientImport.objects.create(campaign=campaign, file="x.csv", owner=user)
     for task, args in (
         ("emails.send", [in_campaign.pk]),
         ("emails.send", [alone.pk]),
+        ("emails.send", [str(by_uid.uid)]),
         ("emails.recipients_import", [upload.pk]),
         ("emails.campaign_done", [str(uuid.uuid4()), campaign.pk]),
     ):
@@ -53,7 +58,11 @@ def test_sends_imports_and_finishes_read_as_their_campaign(client: Any, django_u
     page = f"/emails/campaigns/{campaign.pk}/"
 
     assert sorted(labels(client, "Email")) == sorted(
-        [(page, "Autumn → ann@example.com"), ("/emails/", "Hi Bo → bo@example.com")]
+        [
+            (page, "Autumn → ann@example.com"),
+            ("/emails/", "Hi Bo → bo@example.com"),
+            ("/emails/", "Hi Cy → cy@example.com"),
+        ]
     )
     assert labels(client, "Import") == [(page, "Recipients for Autumn news")]
     assert labels(client, "Campaign") == [(page, "Autumn news: finish")]

@@ -78,6 +78,19 @@ def groups(names: list[str]) -> dict[str, Any]:
     return {"groups": sorted(Group.objects.filter(name__in=names).values_list("name", flat=True))}
 
 
+def alongside(task: str, args: list, name: str, job_id: str | None = None) -> dict[str, Any]:
+    """Enqueue with a new Group row alongside (jobs.ledger.alongside); a refused enqueue
+    answers its error."""
+    from django.contrib.auth.models import Group
+
+    group = Group(name=name)
+    try:
+        handle = task_by_name(task).using(alongside=group, job_id=job_id).enqueue(*args)
+    except Exception as exc:  # noqa: BLE001 (the test reads what failed)
+        return {"error": type(exc).__name__}
+    return {"id": handle.id, "group": group.pk}
+
+
 COMMANDS: dict[str, driver.Command] = {
     **driver.COMMANDS,
     "outbox": outbox,
@@ -86,6 +99,7 @@ COMMANDS: dict[str, driver.Command] = {
     "signal": signal_,
     "sqlite": sqlite,
     "groups": groups,
+    "alongside": alongside,
 }
 
 

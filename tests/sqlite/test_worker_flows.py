@@ -201,3 +201,27 @@ def test_short_jobs_succeed_in_one_write_with_the_claim_deferred_on_sqlite(
     finally:
         deferred.stop()
         site.control.add_consumer("default", destination=names, reply=True, timeout=5)
+
+
+def test_a_row_alongside_a_job_is_written_with_it_or_not_at_all_on_sqlite(site: SQLiteSite, unique):
+    # given: a job enqueued with a new row of the caller's alongside (SQLite: the row's
+    # INSERT just before the job's, in one transaction)
+    done = site.driver("alongside", task="tests.sqlite.note", args=[unique, "a"], name=unique)
+    rows = site.driver.wait_states([done["id"]], FINISHED, timeout=60, what="the job to run")
+
+    # then: the row is saved with its key, and the job ran
+    assert done["group"] is not None and rows[0]["state"] == "succeeded"
+    assert site.driver("groups", names=[unique])["groups"] == [unique]
+
+    # when: a job whose INSERT fails (its id taken) is enqueued with another row
+    failed = site.driver(
+        "alongside",
+        task="tests.sqlite.note",
+        args=[unique, "b"],
+        name=f"{unique}-b",
+        job_id=done["id"],
+    )
+
+    # then: neither is written
+    assert failed == {"error": "IntegrityError"}
+    assert site.driver("groups", names=[f"{unique}-b"])["groups"] == []

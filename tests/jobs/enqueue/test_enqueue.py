@@ -281,3 +281,71 @@ def test_message_headers_carry_only_a_short_masked_copy_of_the_arguments(clean_r
     headers = jsonlib.loads(raw)["headers"]
     assert "jane.doe@" not in headers["argsrepr"] and "j***@example.com" in headers["argsrepr"]
     assert len(headers["kwargsrepr"]) <= 120
+
+
+def test_a_row_alongside_is_inserted_in_the_jobs_own_statement(clean_redis, unique):
+    from django.contrib.auth.models import Group
+
+    # given: a new row of the caller's, not saved, and no transaction open
+    group = Group(name=f"{unique}-a")
+
+    # when: the job is enqueued with it alongside, then another with a key
+    with CaptureQueriesContext(connection) as queries:
+        handle = tasks.prioritized.using(alongside=group).enqueue("k", group.name)
+    keyed = Group(name=f"{unique}-b")
+    with CaptureQueriesContext(connection) as keyed_queries:
+        tasks.prioritized.using(alongside=keyed, idempotency_key=unique).enqueue("k", "b")
+
+    # then: each is one statement (no BEGIN/COMMIT around two), the rows are saved with
+    # their keys set, and the jobs are in the ledger and in Redis
+    assert len(queries) == 1 and len(keyed_queries) == 1
+    assert Group.objects.get(pk=group.pk).name == f"{unique}-a" and not group._state.adding
+    assert Group.objects.filter(pk=keyed.pk, name=f"{unique}-b").exists()
+    assert Job.objects.get(id=handle.id).args == ["k", group.name] and messages_waiting() == 2
+
+
+def test_a_row_alongside_is_not_written_when_its_job_is_not(clean_redis, unique):
+    from django.contrib.auth.models import Group
+
+    # given: a job id already taken, so the next job's INSERT fails
+    taken = uuid.uuid4()
+    tasks.prioritized.using(job_id=taken).enqueue("k", "first")
+
+    # when: a job under that id is enqueued with a row alongside (outside a transaction)
+    with pytest.raises(IntegrityError):
+        tasks.prioritized.using(job_id=taken, alongside=Group(name=unique)).enqueue("k", "b")
+    # and another inside a transaction that rolls back
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tasks.prioritized.using(alongside=Group(name=f"{unique}-rb")).enqueue("k", "c")
+        raise RuntimeError("the view failed after the enqueue")
+
+    # then: neither row was written, nor a second job or message
+    assert not Group.objects.filter(name__startswith=unique).exists()
+    assert Job.objects.count() == 1 and messages_waiting() == 1
+
+
+def test_a_row_alongside_is_written_when_the_key_returns_another_job(clean_redis, unique):
+    from django.contrib.auth.models import Group
+
+    first = tasks.prioritized.using(idempotency_key=unique).enqueue("k", "a")
+
+    group = Group(name=unique)
+    again = tasks.prioritized.using(idempotency_key=unique, alongside=group).enqueue("k", "a")
+
+    assert again.id == first.id and not again.created
+    assert Group.objects.filter(pk=group.pk, name=unique).exists()
+    assert Job.objects.count() == 1 and messages_waiting() == 1
+
+
+def test_alongside_refuses_what_one_statement_cannot_insert(clean_redis, unique):
+    from django.contrib.auth.models import Group
+
+    saved = Group.objects.create(name=unique)
+    with pytest.raises(ValueError, match="already saved"):
+        tasks.prioritized.using(alongside=saved).enqueue("k", "a")
+    with pytest.raises(ValueError, match="new model instance, not dict"):
+        tasks.prioritized.using(alongside={"name": "x"}).enqueue("k", "a")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="track=False"):
+        tasks.record_untracked.using(alongside=Group(name=f"{unique}-u")).enqueue("k")
+    assert Job.objects.count() == 0 and messages_waiting() == 0
+    assert list(Group.objects.values_list("name", flat=True)) == [unique]
