@@ -480,6 +480,10 @@ def _unacked_tag(job_id: str) -> str | None:
     return None
 
 
+def _succeeded(job_id: str) -> bool:
+    return Job.objects.get(id=job_id).state == JobState.SUCCEEDED
+
+
 def test_a_worker_killed_between_its_fetch_and_the_delivery_loses_no_message(
     fencing_worker: Callable[..., FencingWorker], unique: str, settings: Any
 ) -> None:
@@ -519,9 +523,10 @@ def test_a_worker_killed_between_its_fetch_and_the_delivery_loses_no_message(
     fencing_jobs.sleeps.enqueue(f"{unique}:busy", 120)
     wait_until(lambda: marks(f"{unique}:busy"), timeout=30, what="the long job to start")
     busy_after = time.monotonic() - lost_at  # the second worker's start, on a loaded machine
+    # (its mark is written before the run's finish: the finish is waited for as well)
     relay_until(lambda: marks(unique), timeout=90, what="the job to run")
     recovered = time.monotonic() - lost_at
-    assert Job.objects.get(id=handle.id).state == JobState.SUCCEEDED
+    wait_until(lambda: _succeeded(handle.id), timeout=30, what="the job's finish")
     assert len(marks(unique)) == 1
     assert int(client.get(RESTORED) or 0) == 1  # restore_lost brought it back
     assert int(client.get(MISSING_RESENT) or 0) == 0  # not the relay's re-send
@@ -555,7 +560,8 @@ def test_a_message_redis_lost_is_sent_again_by_the_relay(
     # then: the relay finds the job's message missing and sends it again; it runs once
     relay_until(lambda: marks(unique), timeout=90, what="the lost job to run")
     recovered = time.monotonic() - lost_at
-    assert Job.objects.get(id=handle.id).state == JobState.SUCCEEDED
+    wait_until(lambda: _succeeded(handle.id), timeout=30, what="the job's finish")
+    assert len(marks(unique)) == 1
     assert recovered < 30, recovered  # MISSING_AFTER (4 s) after its publish, plus a run
     assert int(client.get(MISSING_RESENT) or 0) == 1
     print(f"\nlost message re-sent and run {recovered:.1f}s after its removal")
