@@ -6,11 +6,8 @@ that lost its claim changes nothing. No Celery, no Redis here: publishing is the
 """
 
 from jobs.ledger.accept import (
-    BULK_BATCH,
-    NewRow,
     insert,
     insert_holding_key,
-    insert_many,
     lapsed_lease_dead,
     lapsed_leases_requeued,
     mark_published,
@@ -19,6 +16,7 @@ from jobs.ledger.accept import (
     waiting_but_due,
 )
 from jobs.ledger.alongside import check as check_alongside
+from jobs.ledger.bulk import BULK_BATCH, NewRow, insert_many
 from jobs.ledger.busy import busy_released, database_busy, when_free
 from jobs.ledger.cancel import (
     cancel_discarded,

@@ -1,4 +1,4 @@
-"""jobs.ledger.accept.insert_many: the COPY of a fan-out's rows (its constant columns written
+"""jobs.ledger.bulk.insert_many: the COPY of a fan-out's rows (its constant columns written
 once as COPY text, per row only id, args, kwargs and replay link) stores what the ORM's own
 INSERT of the same jobs stores, field for field, awkward values included (PostgreSQL); the
 published mark and the claim agree on when a row left the outbox."""
