@@ -291,7 +291,10 @@ def test_a_killed_workers_slot_frees_with_the_jobs_lease(
     try:
         on_reports = limited.blocking.using(queue="reports")
         first = on_reports.enqueue(key=unique, tenant="t", flag=flag)
-        wait_until(lambda: started_ids(unique), timeout=30, what="the first job to start")
+        try:
+            wait_until(lambda: started_ids(unique), timeout=30, what="the first job to start")
+        except AssertionError as exc:  # rare under load (stop 41, 42): say where the job is
+            raise AssertionError(f"{exc}; {_whereabouts(first.id, doomed)}") from None
         survivor = start_worker(f"{unique[:6]}survivor", queues="reports", concurrency=2, **env)
         second = on_reports.enqueue(key=unique, tenant="t", flag=flag)
         gates = Gates()
@@ -331,6 +334,22 @@ def test_a_killed_workers_slot_frees_with_the_jobs_lease(
         for worker in (survivor, doomed):
             if worker is not None:
                 worker.stop()
+
+
+def _whereabouts(job_id: str, worker: Worker) -> str:
+    """Where a job that did not start is: its row, its gate, its queue, the worker's log."""
+    from jobs.broker.queues import queue_keys
+    from jobs.broker.redis import redis_client
+
+    row = Job.objects.filter(id=job_id).values("state", "published_at", "attempts").first()
+    gates = Gates()
+    gate = gates.gate_of(job_id)
+    lines = {key: redis_client().llen(key) for key in queue_keys("reports")}
+    gated = f"waiting {gates.waiting(gate)}, holding {gates.holding(gate)}" if gate else "none"
+    return (
+        f"row {row}; gate: {gated}; reports lists {lines}; "
+        f"worker log tail: {worker.output()[-1500:]}"
+    )
 
 
 def _lease_lapsed(job_id: str) -> bool:
