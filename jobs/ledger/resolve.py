@@ -64,16 +64,25 @@ def dead_letters_to_replay(*, pks: Sequence[int]) -> list[DeadToReplay]:
     Tuples of the columns a replay reads, not model instances: instances with their owner
     joined, and a query each for the batch members and the finished steps, were half of a
     10,000-row bulk replay's time (cProfile). On PostgreSQL the pks go as one array: the ORM's
-    IN of 1,000 placeholders cost the client more than the server's lock of the rows."""
+    IN of 1,000 placeholders cost the client more than the server's lock of the rows.
+
+    On PostgreSQL the rows are found by primary key alone, and their status is read here, not
+    in the WHERE: with `status = 'dead'` beside it, a planner whose statistics predate a burst
+    of new dead letters (they count few dead rows) scans every unresolved dead letter through
+    dl_status_idx for each chunk, comparing each with the chunk's 1,000 pks: 28 ms a chunk at
+    10,000 unresolved, quadratic in their number. A row that is not dead any more stays locked
+    until the chunk commits, unchanged."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(
-                _to_replay_sql(), [StepState.SUCCEEDED, list(pks), DeadLetterStatus.DEAD]
-            )
+            cursor.execute(_to_replay_sql(), [StepState.SUCCEEDED, list(pks)])
             loads = json.loads  # args and kwargs come as text, as JSONField reads them
+            dead = DeadLetterStatus.DEAD
             return [
                 DeadToReplay(pk, task, priority, queue, owner, loads(args), loads(kwargs), *rest)
-                for pk, task, priority, queue, owner, args, kwargs, *rest in cursor.fetchall()
+                for pk, status, task, priority, queue, owner, args, kwargs, *rest in (
+                    cursor.fetchall()
+                )
+                if status == dead
             ]
     finished = JobStep.objects.finished().filter(job_id=OuterRef("job_id_value"))
     rows = (
@@ -100,7 +109,7 @@ def dead_letters_to_replay(*, pks: Sequence[int]) -> list[DeadToReplay]:
 def _to_replay_sql() -> str:
     q = connection.ops.quote_name
     columns = ", ".join(
-        f"d.{q(name)}" for name in ("id", "task_name", "priority", "queue", "owner_id")
+        f"d.{q(name)}" for name in ("id", "status", "task_name", "priority", "queue", "owner_id")
     )
     finished = (
         f"SELECT FROM {q(JobStep._meta.db_table)} s "
@@ -111,7 +120,7 @@ def _to_replay_sql() -> str:
         f"CASE WHEN EXISTS ({finished}) THEN d.{q('job_id_value')} END "
         f"FROM {q(DeadLetter._meta.db_table)} d "
         f"LEFT JOIN {q(Job._meta.db_table)} j ON j.{q('id')} = d.{q('job_id')} "
-        f"WHERE d.{q('id')} = ANY(%s) AND d.{q('status')} = %s "
+        f"WHERE d.{q('id')} = ANY(%s) "
         f"ORDER BY d.{q('id')} FOR UPDATE OF d SKIP LOCKED"
     )
 
@@ -126,7 +135,14 @@ class Replayed(NamedTuple):
 
 
 def dead_letters_replayed(*, replays: Sequence[Replayed], by: Any = None) -> int:
-    """From dead to replayed for many rows in one UPDATE, each pointing at its new job."""
+    """From dead to replayed for many rows in one UPDATE, each pointing at its new job.
+
+    The rows are dead_letters_to_replay's, locked and read dead in this transaction: on
+    PostgreSQL the UPDATE finds them by primary key alone. The pks' `= ANY` beside the join on
+    them is what makes it read them through the primary key: joined to the unnest only, or
+    with a status condition beside it, each chunk's UPDATE read every dead letter (a hash of the
+    table's sequential scan, or of every unresolved one through dl_status_idx when the
+    statistics predate them)."""
     if not replays:
         return 0
     batch.members_replayed(
@@ -136,6 +152,7 @@ def dead_letters_replayed(*, replays: Sequence[Replayed], by: Any = None) -> int
     steps_copied(pairs=[(r.steps_from, r.job_id) for r in replays if r.steps_from])
     now, user = timezone.now(), _user(by)
     if connection.vendor == "postgresql":
+        pks = [r.pk for r in replays]
         # one array per column: the ORM's IN of 1,000 placeholders, and a subquery for each
         # row's new job, cost more on the client than the UPDATE on the server
         with connection.cursor() as cursor:
@@ -145,9 +162,9 @@ def dead_letters_replayed(*, replays: Sequence[Replayed], by: Any = None) -> int
                     DeadLetterStatus.REPLAYED,
                     now,
                     getattr(user, "pk", None),
-                    [r.pk for r in replays],
+                    pks,
                     [r.job_id for r in replays],
-                    DeadLetterStatus.DEAD,
+                    pks,
                 ],
             )
             return cursor.rowcount
@@ -172,7 +189,7 @@ def _replayed_sql() -> str:
         f"UPDATE {q(DeadLetter._meta.db_table)} d SET {q('status')} = %s, "
         f"{q('resolved_at')} = %s, {q('resolved_by_id')} = %s, {q('replayed_job_id')} = r.job "
         f"FROM unnest(%s::bigint[], %s::uuid[]) AS r(id, job) "
-        f"WHERE d.{q('id')} = r.id AND d.{q('status')} = %s"
+        f"WHERE d.{q('id')} = r.id AND d.{q('id')} = ANY(%s)"
     )
 
 

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from jobs import dead_letter_replay_many
+from jobs import dead_letter_replay_many, ledger
 from jobs.broker.queues import queue_depths
 from jobs.core.exceptions import PayloadTooLarge
 from jobs.models import DeadLetter, DeadLetterStatus, Job
@@ -129,3 +130,58 @@ def test_rows_another_operator_holds_are_skipped(transactional_db, clean_redis):
     assert (outcome.done, outcome.skipped) == (2, 1)
     statuses = [DeadLetter.objects.get(pk=row.pk).status for row in rows]
     assert statuses == [DeadLetterStatus.REPLAYED, DeadLetterStatus.DEAD, DeadLetterStatus.REPLAYED]
+
+
+def test_a_row_resolved_after_the_listing_is_not_replayed_again(db):
+    # given: a chunk's pks as listed, one of them replayed by another operator since
+    dead, replayed = dead_letter(), dead_letter()
+    DeadLetter.objects.filter(pk=replayed.pk).update(status=DeadLetterStatus.REPLAYED)
+
+    # when: the chunk is locked for its replay
+    with transaction.atomic():
+        rows = ledger.dead_letters_to_replay(pks=[dead.pk, replayed.pk])
+
+    # then: only the dead one is the replay's
+    assert [row.pk for row in rows] == [dead.pk]
+
+
+def _scans_of(plan: dict[str, Any], table: str) -> list[dict[str, Any]]:
+    found = [plan] if plan.get("Relation Name") == table else []
+    for child in plan.get("Plans", []):
+        found += _scans_of(child, table)
+    return found
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL plan")
+def test_a_chunks_lock_reads_its_own_rows_whatever_the_statistics_say(db):
+    # given: 10,000 unresolved dead letters written since the table's statistics were taken
+    # (as after a burst of failures), and a bulk replay's first chunk of 1,000
+    now = timezone.now()
+    DeadLetter.objects.bulk_create(
+        DeadLetter(
+            job_id_value=uuid.uuid4(),
+            task_name="tests.prioritized",
+            args=["k", str(i)],
+            queue="reports",
+            exception_class="ConnectionError",
+            first_failed_at=now,
+            last_failed_at=now,
+        )
+        for i in range(10_000)
+    )
+    chunk = list(DeadLetter.objects.order_by("pk").values_list("pk", flat=True)[:1_000])
+    with CaptureQueriesContext(connection) as captured, transaction.atomic():
+        assert len(ledger.dead_letters_to_replay(pks=chunk)) == 1_000
+    (lock,) = [q["sql"] for q in captured.captured_queries if "FOR UPDATE" in q["sql"]]
+
+    # when: PostgreSQL runs that lock again, with its plan
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + lock)
+        (plan,) = cursor.fetchone()[0]
+
+    # then: it read the chunk's 1,000 rows, not every unresolved dead letter (a scan of the
+    # status index filtered by the chunk's pks: quadratic in the dead letters over a bulk
+    # replay, 28 ms a chunk at 10,000)
+    (scan,) = _scans_of(plan["Plan"], DeadLetter._meta.db_table)
+    assert scan["Actual Rows"] == 1_000
+    assert scan.get("Rows Removed by Filter", 0) == 0, scan
