@@ -266,6 +266,7 @@ BACKLOT: dict[str, Any] = {
     # Progress writes from one job are at most this often (seconds); 100,000 steps cost ~1 write
     # per interval instead of 100,000 UPDATEs.
     "PROGRESS_INTERVAL": float(os.environ.get("BACKLOT_PROGRESS_INTERVAL", "1.0")),
+    "METRICS_HOLD_SECONDS": float(os.environ.get("BACKLOT_METRICS_HOLD_SECONDS", "1.0")),
     # Delays up to this many seconds ride in Redis as a countdown; longer ones wait in the
     # ledger as scheduled rows and are published when due.
     "MAX_BROKER_COUNTDOWN": int(os.environ.get("BACKLOT_MAX_BROKER_COUNTDOWN", "900")),

@@ -11,6 +11,15 @@ when the job's outcome is, as before. What a process holds when it exits is writ
 jobs.worker.signals); a failed write keeps the counts for the next one; a forked child starts empty
 (its parent writes what it held). A run killed before its finish loses its claim's count.
 
+A prefork pool process holds its counts instead (`hold()`, at worker_process_init): a run's
+finish no longer writes them, a timer writes what the process holds at most
+METRICS_HOLD_SECONDS (1 s) after the first count it took. That flush was the one Redis round
+trip of a ledger-off job's pool process, and the second of a ledger-on one's (py-spy of a
+`-c 2` worker draining ledger-off no-ops: ~40 % of the worker's samples, its pool processes
+waiting on it while the main process waited for them). A busy process now writes once a second;
+a pool process killed (the hard time limit's SIGKILL, the OOM killer) loses the counts of its
+last second, not only its run's.
+
 A key counted for a bounded time (a per-minute bucket of jobs.worker.telemetry) is given its
 expiry by `expire()`: an EXPIRE written in the same script call, after the counts.
 
@@ -46,6 +55,8 @@ _expiries: dict[str, int] = {}  # key -> seconds
 class _State:
     lock = threading.Lock()  # the renewer and other threads of a run may count too
     carried = False  # the next acknowledgement in this process writes the counts (carry())
+    hold = 0.0  # > 0: a finish leaves the counts to a timer that writes them this long after
+    timer: threading.Timer | None = None  # armed while counts are held
 
 
 def add(key: str, field: str, amount: int = 1) -> None:
@@ -73,10 +84,37 @@ def carry() -> None:
     _State.carried = True
 
 
+def hold(seconds: float) -> None:
+    """From now on this process's finishes leave their counts to a timer, which writes what the
+    process holds `seconds` after the first count it took (see the module docstring); 0 writes
+    them with each finish again."""
+    _State.hold = seconds
+
+
 def flush_unless_carried() -> None:
-    """`flush()`, unless an acknowledgement is to write the counts (`carry()`)."""
-    if not _State.carried:
+    """`flush()`, unless an acknowledgement is to write the counts (`carry()`), or the process
+    holds them for its timer (`hold()`)."""
+    if _State.carried:
+        return
+    if _State.hold > 0:
+        _flush_later()
+    else:
         flush()
+
+
+def _flush_later() -> None:
+    with _State.lock:
+        if _State.timer is not None:  # armed: it writes these counts too
+            return
+        timer = _State.timer = threading.Timer(_State.hold, _timed_flush)
+    timer.daemon = True
+    timer.start()
+
+
+def _timed_flush() -> None:
+    with _State.lock:
+        _State.timer = None  # a count taken from now on arms the next one
+    flush()
 
 
 Counts = tuple[dict[tuple[str, str], int], dict[tuple[str, str], float], dict[str, int]]
@@ -173,6 +211,7 @@ def _forked() -> None:
     """In a forked child: no counts of the parent's, a fresh lock."""
     _State.lock = threading.Lock()
     _State.carried = False
+    _State.timer = None  # the parent's thread is not in the child
     _ints.clear()
     _floats.clear()
     _expiries.clear()

@@ -124,6 +124,10 @@ class BacklotSettings:
     # a batch or behind a rate or concurrency gate (they claim as before). On by default;
     # False writes every run's claim before it starts (docs/reliability.md).
     DEFER_CLAIM: bool = True
+    # A prefork pool process writes its jobs' metric counts at most this long (s) after a finish,
+    # for all the finishes meanwhile (jobs.broker.counters.hold); 0 writes them with each
+    # finish, one Redis round trip per job. -P solo workers write them with their acks.
+    METRICS_HOLD_SECONDS: float = 1.0
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     BEAT_LOCK_TTL: int = 30
     # A schedule's fire time that passed while no beat ran (found more than

@@ -14,6 +14,7 @@ from celery.signals import (
     before_task_publish,
     task_prerun,
     worker_init,
+    worker_process_init,
     worker_process_shutdown,
     worker_ready,
     worker_shutdown,
@@ -128,6 +129,13 @@ def keep_worker_heartbeat(sender: Any = None, **kwargs: Any) -> None:
 def leave_presence(**kwargs: Any) -> None:
     """The worker stops: the cockpit stops listing it now, not a heartbeat's TTL later."""
     heartbeat.leave()
+
+
+@worker_process_init.connect
+def hold_counters(**kwargs: Any) -> None:
+    """A prefork pool process writes its metric counts on a timer, not with each finish
+    (jobs.broker.counters.hold; METRICS_HOLD_SECONDS)."""
+    counters.hold(backlot_settings().METRICS_HOLD_SECONDS)
 
 
 @worker_process_shutdown.connect

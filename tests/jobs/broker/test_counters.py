@@ -12,6 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from jobs.broker import counters
 from jobs.broker.redis import redis_client, redis_text
+from tests.conftest import wait_until
 
 
 @pytest.fixture
@@ -123,3 +124,51 @@ def test_a_count_redis_refuses_loses_only_itself(key):
     assert _read(key) == {"n": "1", "sum": "0.125"}
     assert counters.take() is None
     assert redis_client().get(broken) == b"not a hash"
+
+
+@pytest.fixture
+def holding():
+    """This process holds its counts like a prefork pool process (counters.hold), until the
+    test ends."""
+    yield counters.hold
+    counters.hold(0)
+    counters.flush()
+
+
+def test_a_pool_process_leaves_its_finishes_counts_to_one_timer(key, holding):
+    # given: a process that holds its counts (a pool process, from worker_process_init)
+    holding(600)
+
+    # when: three runs finish
+    for _ in range(3):
+        counters.add(key, "finished")
+        counters.flush_unless_carried()
+
+    # then: none wrote them; one timer will, for all three
+    assert _read(key) == {}
+    timer = counters._State.timer
+    assert timer is not None and timer.is_alive()
+    counters.add(key, "finished")
+    counters.flush_unless_carried()
+    assert counters._State.timer is timer
+    timer.cancel()
+    counters._State.timer = None
+
+
+def test_held_counts_reach_redis_by_their_timer_with_nothing_else_to_write_them(key, holding):
+    # given: a process that holds its counts a moment
+    holding(0.1)
+
+    # when: two runs finish and nothing else happens in the process
+    counters.add(key, "finished")
+    counters.flush_unless_carried()
+    counters.add(key, "finished")
+    counters.add_float(key, "sum", 0.5)
+    counters.flush_unless_carried()
+
+    # then: the timer wrote them, once
+    wait_until(lambda: _read(key) == {"finished": "2", "sum": "0.5"}, what="the held counts")
+    # and a later finish arms it again
+    counters.add(key, "finished")
+    counters.flush_unless_carried()
+    wait_until(lambda: _read(key) == {"finished": "3", "sum": "0.5"}, what="the next count")
