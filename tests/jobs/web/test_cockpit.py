@@ -6,6 +6,8 @@ pidbox (the channel every inspect/ping broadcast is published on) while it does.
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +59,21 @@ def broadcasts(listener: Any) -> list[Any]:
     return seen
 
 
+def to_all_or_to(names: set[str], messages: list[Any]) -> list[Any]:
+    """The broadcasts sent to every worker or to one of `names`: a ping another test (in
+    another xdist process, on the same Redis) sends its own worker by name is not this one's."""
+    kept = []
+    for message in messages:
+        try:
+            envelope = json.loads(message["data"])
+            destination = json.loads(base64.b64decode(envelope["body"])).get("destination")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            destination = None  # not a control message read here: counted
+        if not destination or names & set(destination):
+            kept.append(message)
+    return kept
+
+
 def timed(client: Any, url: str, **headers: Any) -> tuple[Any, float]:
     started = time.perf_counter()
     response = client.get(url, **headers)
@@ -70,7 +87,7 @@ def test_dashboard_and_metrics_read_five_workers_without_a_broadcast(
     wait_until(lambda: names <= set(workers_present()), what="the 5 workers' presence")
     # the listener hears a broadcast when there is one (a positive control)
     current_app.control.broadcast("ping", reply=False)
-    assert broadcasts(pidbox), "a broadcast was not heard on the pidbox channel"
+    assert to_all_or_to(names, broadcasts(pidbox)), "a broadcast was not heard on the pidbox"
     settings.BACKLOT = {**settings.BACKLOT, "METRICS_TOKEN": "scrape-me"}
     dashboard = reverse("admin:jobs_dashboard")
     dashboard_json = reverse("admin:jobs_dashboard_json")
@@ -89,7 +106,7 @@ def test_dashboard_and_metrics_read_five_workers_without_a_broadcast(
     )
 
     # then nothing was broadcast, every answer came under the bound, and the 5 workers show
-    assert broadcasts(pidbox) == []
+    assert to_all_or_to(names, broadcasts(pidbox)) == []
     assert page.status_code == 200 and data.status_code == 200 and metrics.status_code == 200
     timings = {
         "dashboard": page_seconds,
