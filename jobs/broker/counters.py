@@ -5,8 +5,8 @@ A pool process running a ledger job sent its counters in two Redis round trips: 
 delivery at the claim, the finished attempt and its run time (by task and by queue) at the
 end, ~0.1 ms each of the ~2.4 ms of Python work a no-op ledger job costs there (measured,
 issue 16). The claim's count is now added here and written with the finish's
-(jobs.worker.telemetry.record_outcome flushes): one round trip per job, and the counts are in Redis
-when the job's outcome is, as before. What a process holds when it exits is written then
+(jobs.worker.telemetry.record_outcome flushes): one round trip per job at most, and none in a
+pool process that holds its counts (below). What a process holds when it exits is written then
 (atexit; Celery's pool processes, which skip atexit, at worker_process_shutdown:
 jobs.worker.signals); a failed write keeps the counts for the next one; a forked child starts empty
 (its parent writes what it held). A run killed before its finish loses its claim's count.

@@ -77,6 +77,15 @@ def _job_count(command: str) -> bool:
     return command.startswith((f"HINCRBY {DELIVERIES} ", f"HINCRBY {FINISHED} "))
 
 
+def job_counts(client: Any, outcome: str) -> tuple[int, int]:
+    """Deliveries counted as `outcome`, and finished attempts that succeeded, in Redis."""
+    deliveries = int(client.hget(DELIVERIES, outcome) or 0)
+    finished = sum(
+        int(v) for k, v in client.hgetall(FINISHED).items() if k.endswith(b"\tsucceeded")
+    )
+    return deliveries, finished
+
+
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
 def test_job_counts_reach_redis_with_the_ack_on_a_solo_worker(
     pool, private_redis, start_fault_worker, client_procs, run_id
@@ -97,12 +106,7 @@ def test_job_counts_reach_redis_with_the_ack_on_a_solo_worker(
     outcome = "deferred" if pool == "solo" else "claimed"
 
     def counts() -> tuple[int, int]:
-        client: Any = private_redis.client
-        deliveries = int(client.hget(DELIVERIES, outcome) or 0)
-        finished = sum(
-            int(v) for k, v in client.hgetall(FINISHED).items() if k.endswith(b"\tsucceeded")
-        )
-        return deliveries, finished
+        return job_counts(private_redis.client, outcome)
 
     wait_until(lambda: counts() == (6, 6), timeout=20, interval=0.1, what="the 12 counts")
     assert runs(run_id) == Counter(dict.fromkeys(range(6), 1))
@@ -133,11 +137,7 @@ def test_a_pool_process_holds_its_counts_and_writes_them_as_it_stops(
     client: Any = private_redis.client
 
     def counts() -> tuple[int, int]:
-        deliveries = int(client.hget(DELIVERIES, "claimed") or 0)
-        finished = sum(
-            int(v) for k, v in client.hgetall(FINISHED).items() if k.endswith(b"\tsucceeded")
-        )
-        return deliveries, finished
+        return job_counts(client, "claimed")
 
     # when short jobs run and the worker acknowledges their messages (after each run's end:
     # a finish that wrote its counts had written them by then)
