@@ -296,6 +296,8 @@ BACKLOT: dict[str, Any] = {
     # A short job writes its row once, at its finish (jobs.ledger.deferred); 0 writes every
     # run's claim before it starts.
     "DEFER_CLAIM": os.environ.get("BACKLOT_DEFER_CLAIM", "1") != "0",
+    "SUCCESS_BATCH": int(os.environ.get("BACKLOT_SUCCESS_BATCH", "32")),
+    "SUCCESS_BATCH_SECONDS": float(os.environ.get("BACKLOT_SUCCESS_BATCH_SECONDS", "0.02")),
     # Beat leader lock lifetime (s): a dead leader is replaced within this time.
     "BEAT_LOCK_TTL": int(os.environ.get("BACKLOT_BEAT_LOCK_TTL", "30")),
     # A schedule's fire time missed while no beat ran: "run_once" (fired once when beat is

@@ -308,7 +308,9 @@ def _riders(channel: Any) -> tuple[str, str]:
     if _state["ride"]:
         qos = channel.qos
         tags = qos.take_riding()
-        counts = counters.take() if qos.carries_counts else None
+        # the counts go with acknowledgements (a success's ack waits for its row's write:
+        # jobs.worker.finishes), not with a fetch that settles none
+        counts = counters.take() if qos.carries_counts and tags else None
     riders = (dumps(tags) if tags else "", counters.encoded(counts) if counts else "")
     channel._backlot_riders = riders
     return riders

@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import Any
 
@@ -54,6 +55,50 @@ DROPPED = "backlot:metrics:reservations_dropped"
 # MULTI/EXEC of their own. Set by jobs.broker.fetch.install.
 RIDE_WAIT = 0.1
 _riding = {"on": False}
+
+
+class HeldAcks:
+    """Acknowledgements held until their job's success is written (jobs.worker.finishes: a
+    `-P solo` worker writes several short successes in one statement). A held message leaves
+    the channel's prefetch count at its ack, but stays in `unacked` (and this holder's) until
+    it is released; then it rides with the next fetch. Thread-safe: a success may be written
+    by another thread than the event loop's."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: set[str] = set()  # to be held at their ack
+        self._parked: set[str] = set()  # acknowledged, not settled yet
+        self._released: list[str] = []  # acknowledged and released: for the next fetch
+        self.before_restore: list[Callable[[], None]] = []  # write what holds them, at close
+
+    def hold(self, delivery_tag: str) -> None:
+        with self._lock:
+            self._held.add(delivery_tag)
+
+    def park(self, delivery_tag: str) -> bool:
+        """At the ack: True when it is held (parked until released)."""
+        with self._lock:
+            if delivery_tag not in self._held:
+                return False
+            self._held.discard(delivery_tag)
+            self._parked.add(delivery_tag)
+            return True
+
+    def release(self, delivery_tags: Iterable[str]) -> None:
+        with self._lock:
+            for tag in delivery_tags:
+                self._held.discard(tag)  # not acknowledged yet: its ack is an ordinary one
+                if tag in self._parked:
+                    self._parked.discard(tag)
+                    self._released.append(tag)
+
+    def take_released(self) -> list[str]:
+        with self._lock:
+            released, self._released = self._released, []
+            return released
+
+
+held_acks = HeldAcks()
 
 
 class ReservingQoS(kombu_redis.QoS):
@@ -95,13 +140,16 @@ class ReservingQoS(kombu_redis.QoS):
         return None
 
     def ack(self, delivery_tag: str) -> None:
-        if not (_riding["on"] and self._ride(delivery_tag)):
+        riding = _riding["on"] and self._riding()
+        if not riding:
             self._settle(delivery_tag)
-        virtual.QoS.ack(self, delivery_tag)
+        elif not held_acks.park(delivery_tag):  # a held one is settled once released
+            self.riding.append(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)  # out of the channel's prefetch count
 
-    def _ride(self, delivery_tag: str) -> bool:
-        """Leave an acknowledgement to the channel's next fetch (RIDE_WAIT); False where it
-        cannot wait: off the event loop's thread, or with no event loop."""
+    def _riding(self) -> bool:
+        """Whether an acknowledgement may wait for the channel's next fetch (RIDE_WAIT): not
+        off the event loop's thread, nor with no event loop."""
         if threading.current_thread() is not threading.main_thread():
             return False
         if self._ride_timer is None:
@@ -109,17 +157,18 @@ class ReservingQoS(kombu_redis.QoS):
             if hub is None:
                 return False
             self._ride_timer = hub.call_repeatedly(RIDE_WAIT, self._settle_stale)
-        self.riding.append(delivery_tag)
         return True
 
     def take_riding(self) -> list[str]:
-        """The acknowledgements waiting for a fetch, taken by the fetch that settles them."""
+        """The acknowledgements waiting for a fetch (and those held until now: HeldAcks),
+        taken by the fetch that settles them."""
         tags, self.riding = self.riding, []
-        return tags
+        return tags + held_acks.take_released()
 
     def _settle_stale(self) -> None:
         """Every RIDE_WAIT: settle the acknowledgements that waited a whole round for a fetch
         (the list a fetch takes is replaced by a new one; the same list twice is a stale one)."""
+        self.riding += held_acks.take_released()
         if self.riding and self.riding is self._ride_seen:
             self.settle_riding()
         self._ride_seen = self.riding
@@ -212,6 +261,18 @@ class ReservingQoS(kombu_redis.QoS):
             return
         self.settle_riding()
         super().restore_unacked(client)
+
+    def restore_unacked_once(self, stderr: Any = None) -> None:
+        """As the channel closes: the successes that hold acknowledgements back are written
+        first (HeldAcks.before_restore) and the acknowledgements settled, even when no message
+        is left to restore (kombu restores only what it has not seen acknowledged)."""
+        if not getattr(self._delivered, "restored", False):
+            for write in held_acks.before_restore:
+                write()
+            self.riding += held_acks.take_released()
+            if not self._connection_closed():
+                self.settle_riding()
+        super().restore_unacked_once(stderr)
 
     def _connection_closed(self) -> bool:
         """Whether kombu has dropped this channel's connection details (the connection was

@@ -124,6 +124,12 @@ class BacklotSettings:
     # a batch or behind a rate or concurrency gate (they claim as before). On by default;
     # False writes every run's claim before it starts (docs/reliability.md).
     DEFER_CLAIM: bool = True
+    # A -P solo worker writes the successes of its short runs (DEFER_CLAIM) together, up to
+    # this many in one statement, each at most SUCCESS_BATCH_SECONDS after its run ended; a
+    # message is acknowledged once its success is written (jobs.worker.finishes). 1 writes
+    # each success as its run ends.
+    SUCCESS_BATCH: int = 32
+    SUCCESS_BATCH_SECONDS: float = 0.02
     # A prefork pool process writes its jobs' metric counts at most this long (s) after a finish,
     # for all the finishes meanwhile (jobs.broker.counters.hold); 0 writes them with each
     # finish, one Redis round trip per job. -P solo workers write them with their acks.
@@ -220,6 +226,11 @@ def _resolve() -> BacklotSettings:
         raise ImproperlyConfigured(
             f"BACKLOT['SCHEDULE_CATCH_UP'] must be one of {', '.join(SCHEDULE_CATCH_UP_POLICIES)}, "
             f"got {resolved.SCHEDULE_CATCH_UP!r}"
+        )
+    if resolved.SUCCESS_BATCH < 1 or not resolved.SUCCESS_BATCH_SECONDS > 0:
+        raise ImproperlyConfigured(
+            "BACKLOT['SUCCESS_BATCH'] must be at least 1 and BACKLOT['SUCCESS_BATCH_SECONDS'] "
+            f"more than 0, got {resolved.SUCCESS_BATCH!r} and {resolved.SUCCESS_BATCH_SECONDS!r}"
         )
     return resolved
 

@@ -28,10 +28,12 @@ from jobs.ledger.cancel import (
 from jobs.ledger.claim import EARLY_TOLERANCE, Claim, Dropped, claim, claim_delivery
 from jobs.ledger.deferred import (
     Peeked,
+    Success,
     claim_deferred,
     peek,
     run_lost,
     succeed_unclaimed,
+    succeed_unclaimed_many,
     unread,
 )
 from jobs.ledger.replace import REPLACED, replace, replaced_by_untracked, take_over
@@ -77,6 +79,7 @@ __all__ = [
     "NewRow",
     "Peeked",
     "Replayed",
+    "Success",
     "busy_released",
     "cancel_discarded",
     "cancel_waiting",
@@ -119,6 +122,7 @@ __all__ = [
     "steps_copied",
     "succeed",
     "succeed_unclaimed",
+    "succeed_unclaimed_many",
     "take_over",
     "unpublish",
     "unread",

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -187,11 +187,7 @@ def succeed_unclaimed(
     """A run that never wrote its claim succeeded: from the waiting state it read to
     succeeded in one UPDATE (the claim's columns and the finish's). False when the row changed
     since the delivery read it: nothing is written."""
-    try:
-        json.dumps(result, cls=DjangoJSONEncoder)
-    except (TypeError, ValueError):
-        logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
-        result = None
+    result = _json_or_none(job_id, result)
     db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (jobs.ledger.accept)
     _, states = _states("succeed_unclaimed")
     params = [
@@ -209,6 +205,90 @@ def succeed_unclaimed(
         int(attempts),
     ]
     return bool(_execute(_succeed_sql(db.vendor), params, db))
+
+
+@dataclass(frozen=True)
+class Success:
+    """One unclaimed run's success, as succeed_unclaimed takes it (written with others)."""
+
+    job_id: str
+    attempts: int
+    lease_owner: str
+    started: datetime
+    finished: datetime
+    run_seconds: float
+    result: Any = None
+
+
+@busy_retried  # SQLite's "database is locked" is waited out
+def succeed_unclaimed_many(successes: list[Success]) -> set[str]:
+    """The successes of several unclaimed runs in one statement (PostgreSQL: an UPDATE from
+    VALUES) or one transaction (SQLite), each fenced as succeed_unclaimed fences one: the ids
+    written; a row that changed since its delivery read it is not."""
+    if not successes:
+        return set()
+    db = connections[DEFAULT_DB_ALIAS]
+    rows = [
+        [
+            _id(s.job_id, db),
+            int(s.attempts),
+            _db("lease_owner", uuid.UUID(str(s.lease_owner)), db),
+            _db("started_at", s.started, db),
+            _db("finished_at", s.finished, db),
+            _db("run_seconds", s.run_seconds, db),
+            _db("result", _json_or_none(s.job_id, s.result), db),
+        ]
+        for s in successes
+    ]
+    if db.vendor != "postgresql":
+        with transaction.atomic(using=db.alias):
+            return {
+                s.job_id
+                for s, row in zip(successes, rows, strict=True)
+                if _execute(_succeed_sql(db.vendor), _succeed_params(row, db), db)
+            }
+    _, states = _states("succeed_unclaimed")
+    params = [str(target("succeed_unclaimed")), *[v for row in rows for v in row], *states]
+    with db.cursor() as cursor:
+        cursor.execute(_succeed_many_sql(len(rows)), params)
+        return {str(found) for (found,) in cursor.fetchall()}
+
+
+def _json_or_none(job_id: str, result: Any) -> Any:
+    try:
+        json.dumps(result, cls=DjangoJSONEncoder)
+    except (TypeError, ValueError):
+        logger.warning("Job %s returned a value that is not JSON; its result is not stored", job_id)
+        return None
+    return result
+
+
+def _succeed_params(row: list[Any], db: Any) -> list[Any]:
+    """succeed_unclaimed's parameters from a row of succeed_unclaimed_many's."""
+    job_id, attempts, owner, started, finished, run_seconds, result = row
+    _, states = _states("succeed_unclaimed")
+    params = [str(target("succeed_unclaimed")), started, started, None, owner, finished]
+    return [*params, run_seconds, "", result, job_id, *states, attempts]
+
+
+@functools.cache  # per number of rows: PostgreSQL's statement
+def _succeed_many_sql(count: int) -> str:
+    placeholders, _ = _states("succeed_unclaimed")
+    q = _q
+    types = ("uuid", "integer", "uuid", "timestamptz", "timestamptz", "double precision", "jsonb")
+    row = f"({', '.join(f'%s::{kind}' for kind in types)})"
+    return (
+        f"UPDATE {q(Job._meta.db_table)} AS j SET {q('state')} = %s, "
+        f"{q('attempts')} = j.{q('attempts')} + 1, {q('deliveries')} = j.{q('deliveries')} + 1, "
+        f"{q('started_at')} = COALESCE(j.{q('started_at')}, v.started), "
+        f"{q('last_started_at')} = v.started, {q('lease_expires_at')} = NULL, "
+        f"{q('lease_owner')} = v.owner, {q('finished_at')} = v.finished, "
+        f"{q('run_seconds')} = v.run_seconds, {q('error')} = '', {q('result')} = v.result "
+        f"FROM (VALUES {', '.join([row] * count)}) "
+        "AS v(id, attempts, owner, started, finished, run_seconds, result) "
+        f"WHERE j.{q('id')} = v.id AND j.{q('state')} IN ({placeholders}) "
+        f"AND j.{q('attempts')} = v.attempts RETURNING j.{q('id')}"
+    )
 
 
 @functools.cache  # per vendor: the quoting is the connection's

@@ -20,6 +20,7 @@ from jobs.broker import counters, slots
 from jobs.core import context, events
 from jobs.core.conf import backlot_settings
 from jobs.models import Job, JobState
+from jobs.worker import finishes
 from jobs.worker.lease import refused
 from jobs.worker.redelivery import Runnable, request_priority, request_queue
 
@@ -99,8 +100,11 @@ def succeeded(task: Runnable, attempt: int, duration: float, result: Any) -> Non
             kept = backend.prepare_value(kept)
         hold = getattr(task.request, "_backlot_hold", None)
         # DEFER_CLAIM: a run that did not write its claim succeeds in its one write
+        tag = getattr(task.request, finishes.TAG, None)  # written with others (-P solo)
         written = (
-            hold.take_deferred(lambda deferred: deferred.succeed(duration, kept))
+            hold.take_deferred(
+                lambda deferred: finishes.succeed(deferred, duration, kept, attempt, tag)
+            )
             if hold is not None
             else None
         )

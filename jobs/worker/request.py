@@ -28,7 +28,7 @@ from jobs.broker.broker import backlot_priority
 from jobs.core import context, events
 from jobs.core.policies import TimeLimitHit
 from jobs.models import Job, JobState
-from jobs.worker import execution, outcomes
+from jobs.worker import execution, finishes, outcomes
 from jobs.worker.lease import refused
 
 if TYPE_CHECKING:
@@ -63,6 +63,8 @@ class PlatformRequest(Request):
                 request[outcomes.CLAIM_TOKEN], request[outcomes.RUN_TAKEN] = taken
             else:
                 request[outcomes.CLAIM_TOKEN] = str(uuid.uuid4())
+            if finishes.on():  # its success may wait to be written with others' (-P solo)
+                request[finishes.TAG] = message.delivery_tag
         # ignore_result asked by the call (the header; Backlot's slimming drops it when False),
         # else the task's own: a tracked job then keeps no return value in its row either.
         asked = request.get("ignore_result")

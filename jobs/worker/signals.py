@@ -24,7 +24,7 @@ from django.db import close_old_connections
 from jobs.broker import amqp, counters, fetch, heartbeat, reservations
 from jobs.broker.broker import BROKER_ERRORS, slim_message
 from jobs.core.conf import backlot_settings
-from jobs.worker import conflicts, watchdog
+from jobs.worker import conflicts, finishes, watchdog
 from jobs.worker.task import PlatformTask
 
 logger = logging.getLogger(__name__)
@@ -76,7 +76,11 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
         # ... and takes each in one step with its record (jobs.broker.fetch); with a stamped
         # message's run record where its run will not write its claim first (DEFER_CLAIM)
         inline = _inline(sender)
-        fetch.install(runs=backlot_settings().DEFER_CLAIM and inline, inline=inline)
+        settings = backlot_settings()
+        fetching = fetch.install(runs=settings.DEFER_CLAIM and inline, inline=inline)
+        # ... and writes its short successes together, acknowledged once written
+        if settings.DEFER_CLAIM and inline and fetching:
+            finishes.install(size=settings.SUCCESS_BATCH, wait=settings.SUCCESS_BATCH_SECONDS)
 
 
 def _inline(sender: Any) -> bool:

@@ -61,6 +61,8 @@ def _units(commands: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
             units.append(("MULTI/EXEC", blocks.pop(sender, [])))
         elif sender in blocks:
             blocks[sender].append(command)
+            if verb in ("EVAL", "EVALSHA"):  # a script in the block: its commands are the block's
+                script = blocks[sender]
         elif verb in ("EVAL", "EVALSHA"):
             script = [command]
             units.append((verb, script))
@@ -86,14 +88,19 @@ def job_counts(client: Any, outcome: str) -> tuple[int, int]:
     return deliveries, finished
 
 
-@pytest.mark.parametrize("pool", ["solo", "prefork"])
+@pytest.mark.parametrize(("pool", "batch"), [("solo", "1"), ("solo", "32"), ("prefork", "32")])
 def test_job_counts_reach_redis_with_the_ack_on_a_solo_worker(
-    pool, private_redis, start_fault_worker, client_procs, run_id
+    pool, batch, private_redis, start_fault_worker, client_procs, run_id
 ):
     # given a worker of that pool (a prefork one's pool process holding its counts for a timer,
-    # as shipped), and a MONITOR of its Redis
+    # as shipped; a solo one writing its successes one by one, or together as shipped), and a
+    # MONITOR of its Redis
     start_fault_worker(
-        f"counts-{pool}", pool=pool, concurrency=1, BACKLOT_METRICS_HOLD_SECONDS="1.0"
+        f"counts-{pool}",
+        pool=pool,
+        concurrency=1,
+        BACKLOT_METRICS_HOLD_SECONDS="1.0",
+        BACKLOT_SUCCESS_BATCH=batch,
     )
     monitor = Monitor(private_redis.url)
 
@@ -119,10 +126,17 @@ def test_job_counts_reach_redis_with_the_ack_on_a_solo_worker(
     # prefork worker's pool process (which does not acknowledge) on their own, added up over
     # the finishes its timer waited for
     placed = count_writes(commands)
-    if pool == "solo":
+    if pool == "solo" and batch == "1":
         assert placed == Counter({"with the ack": 12}), placed
         # each acknowledgement rode with the worker's next fetch: no round trip of its own
         assert ack_places(commands) == Counter({"EVALSHA": 6}), ack_places(commands)
+    elif pool == "solo":
+        # acknowledged once their rows were written: with a fetch, or together once the
+        # worker waited for its next message a round (RIDE_WAIT), never one by one
+        places = ack_places(commands)
+        assert places.total() == 6 and set(places) <= {"EVALSHA", "MULTI/EXEC"}, places
+        # the counts with them, added up over the jobs acknowledged together
+        assert set(placed) == {"with the ack"}, placed
     else:
         assert set(placed) == {"on its own"} and placed["on its own"] <= 12, placed
 

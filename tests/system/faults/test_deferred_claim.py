@@ -23,7 +23,7 @@ from config.celery import app as celery_app
 from jobs.broker.redis import redis_client
 from jobs.models import Job, JobState
 from tests.conftest import wait_until
-from tests.system.faults.conftest import Client, runs, wait_finished
+from tests.system.faults.conftest import Client, runs, states, wait_finished
 
 UPDATES = "faults_job_updates"
 
@@ -278,3 +278,109 @@ def test_a_retried_job_fails_then_succeeds_with_the_claim_deferred(
     # then its second run, delivered to a retrying row that is due, succeeds
     job = succeeded_after(job_id, run_id, attempts=2, crashes=0, what="the retried job")
     assert [failure["attempt"] for failure in job.failures] == [1]
+
+
+# --- a solo worker's successes, written together (jobs.worker.finishes) ----------------------
+
+# Successes wait until this many do, or 600 s: longer than any of these tests.
+WAITING = {"BACKLOT_SUCCESS_BATCH": "4", "BACKLOT_SUCCESS_BATCH_SECONDS": "600"}
+
+
+def wait_succeeded_lines(worker: Any, count: int) -> None:
+    """Until the worker logged `count` successes (the log line follows the success's hand-off
+    to the batch, jobs.worker.outcomes.succeeded)."""
+    wait_until(
+        lambda: worker.output().count("job succeeded id=") >= count,
+        timeout=30,
+        interval=0.05,
+        what=f"{count} successes in the worker's log",
+    )
+
+
+def test_a_solo_workers_successes_are_written_together_and_their_messages_acked_then(
+    private_redis, start_fault_worker, client_procs, run_id, updates_per_job, admin_client
+):
+    # given a solo worker that writes its short successes four at a time
+    worker = start_fault_worker(
+        "batch", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1", **WAITING
+    )
+    backlot = {**settings.BACKLOT, "REDIS_URL": private_redis.url, "DEFER_CLAIM": True}
+
+    # when three short jobs succeed
+    ids = client_procs.enqueue("quick", run_id, 3)
+    wait_succeeded_lines(worker, 3)
+
+    # then their rows still wait, their status says running, and their messages are held
+    # (unacknowledged) until the successes are written
+    with override_settings(REDIS_URL=private_redis.url, BACKLOT=backlot):
+        redis_client.cache_clear()
+        try:
+            assert [admin_client.get(f"/api/jobs/{i}/").json()["state"] for i in ids] == [
+                JobState.RUNNING
+            ] * 3
+        finally:
+            redis_client.cache_clear()
+    assert states(ids) == Counter({JobState.QUEUED: 3})
+    assert private_redis.unacked() == 3
+
+    # when a fourth succeeds
+    ids += client_procs.enqueue("quick", run_id, 1, start=3)
+
+    # then the four rows are written, once each, and the four messages acknowledged
+    wait_finished(ids, timeout=30, what="the four jobs")
+    wait_until(lambda: private_redis.unacked() == 0, timeout=10, interval=0.05, what="the acks")
+    assert runs(run_id) == Counter(dict.fromkeys(range(4), 1))
+    assert updates_per_job(ids) == Counter(dict.fromkeys(ids, 1))
+    rows = {str(j.id): j for j in Job.objects.filter(id__in=ids)}
+    for item, job_id in enumerate(ids):
+        job = rows[job_id]
+        assert (job.state, job.attempts, job.result) == (JobState.SUCCEEDED, 1, item)
+    # each row's finish is its run's end, not the write's: the first ended before the last began
+    first_end, last_start = rows[ids[0]].finished_at, rows[ids[3]].started_at
+    assert first_end is not None and last_start is not None and first_end < last_start
+
+
+def test_a_warm_shutdown_writes_the_waiting_successes_before_it_stops(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker holding three successes it has not written
+    worker = start_fault_worker(
+        "batch-stop", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1", **WAITING
+    )
+    ids = client_procs.enqueue("quick", run_id, 3)
+    wait_succeeded_lines(worker, 3)
+    assert states(ids) == Counter({JobState.QUEUED: 3})
+
+    # when it is stopped (SIGTERM: a deploy)
+    worker.stop()
+    assert worker.process.returncode == 0, worker.output()[-3000:]
+
+    # then it wrote them and acknowledged their messages first: nothing runs again
+    assert states(ids) == Counter({JobState.SUCCEEDED: 3})
+    assert private_redis.unacked() == 0 and private_redis.queue_depth() == 0
+    assert runs(run_id) == Counter(dict.fromkeys(range(3), 1))
+
+
+def test_a_worker_killed_with_successes_unwritten_runs_their_jobs_again(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a solo worker holding two successes it has not written (3 s leases: their run
+    # records lapse soon), and the relay
+    lease = {"BACKLOT_DEFER_CLAIM": "1", "BACKLOT_LEASE_SECONDS": "3"}
+    first = start_fault_worker("batch-kill", pool="solo", concurrency=1, **lease, **WAITING)
+    client_procs.start_relay()
+    ids = client_procs.enqueue("quick", run_id, 2)
+    wait_succeeded_lines(first, 2)
+
+    # when it is killed (kill -9: the host lost)
+    first.kill()
+    assert states(ids) == Counter({JobState.QUEUED: 2})  # nothing was written
+    start_fault_worker("batch-next", pool="solo", concurrency=1, **lease)
+
+    # then no job is lost: their messages were still unacknowledged, so each job runs again
+    # and succeeds, the lost run counted as a worker crash (at least once, as for any run
+    # that died before its end)
+    wait_finished(ids, timeout=120, what="the jobs after the kill")
+    assert runs(run_id) == Counter(dict.fromkeys(range(2), 2))
+    for job in Job.objects.filter(id__in=ids):
+        assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, 2, 1)
