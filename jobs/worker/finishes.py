@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from django.utils import timezone
 
 from jobs import ledger
@@ -94,8 +94,8 @@ class Finishes:
             if not batch:
                 return
             try:
-                written = ledger.succeed_unclaimed_many([w.success for w in batch])
-            except Exception as exc:  # noqa: BLE001 - the database is away: they wait, held
+                written, together = ledger.succeed_unclaimed_many([w.success for w in batch]), True
+            except (OperationalError, InterfaceError) as exc:  # away: they wait, held
                 logger.warning(
                     "%d job success(es) not written (%s); trying again in %s s",
                     len(batch),
@@ -106,10 +106,18 @@ class Finishes:
                     self.waiting[:0] = batch
                     self._due(time.monotonic() + RETRY_SECONDS)
                 return
+            except Exception:  # a row the statement could not take: each is written alone
+                logger.exception("%d job successes not written together", len(batch))
+                written, together = set(), False
+            released = []
             for waiting in batch:
-                if waiting.success.job_id not in written and not _written_alone(waiting):
-                    refused("succeed", waiting.success.job_id, waiting.attempt)
-            held_acks.release(w.tag for w in batch)
+                job_id = waiting.success.job_id
+                alone = None if job_id in written else _written_alone(waiting, tried=together)
+                if alone is False:
+                    refused("succeed", job_id, waiting.attempt)
+                if job_id in written or alone is not None:
+                    released.append(waiting.tag)
+            held_acks.release(released)
 
     def _due(self, when: float) -> None:
         """The thread writes at `when` (or earlier, if it was due earlier); under the lock."""
@@ -140,16 +148,19 @@ class Finishes:
                 logger.exception("Writing the waiting job successes failed")
 
 
-def _written_alone(waiting: _Waiting) -> bool:
-    """A success the batch did not write, tried alone: a row that was not read (a fresh first
-    message's) may hold attempts its run could not know (jobs.worker.deferred)."""
-    if not waiting.deferred.assumed:
+def _written_alone(waiting: _Waiting, *, tried: bool) -> bool | None:
+    """A success the statement did not write, tried alone: each, after a statement that
+    failed; after one that refused it (`tried`), a row that was not read (a fresh first
+    message's) only, which may hold attempts its run could not know (jobs.worker.deferred).
+    None when the write raised: its message stays held (it goes back to its queue with this
+    holder's)."""
+    if tried and not waiting.deferred.assumed:
         return False
     try:
         return waiting.deferred.succeed(waiting.success.run_seconds, waiting.success.result)
     except Exception:
         logger.exception("Job %s: its success could not be written", waiting.success.job_id)
-        return False
+        return None
 
 
 _finishes: dict[str, Finishes] = {}
