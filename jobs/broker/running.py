@@ -101,6 +101,28 @@ end
 return 0
 """
 
+# KEYS[1] the record; ARGV[1] token, ARGV[2] keep ms. The run's start (ms, its lease's end less
+# ARGV[3] ms) if the record is this run's and unclaimed, marked claimed; else false.
+_SETTLE = """
+local v = redis.call('HMGET', KEYS[1], 'token', 'until', 'claimed')
+if v[1] ~= ARGV[1] or v[3] == '1' then return false end
+redis.call('HSET', KEYS[1], 'claimed', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return tonumber(v[2]) - tonumber(ARGV[3])
+"""
+
+# KEYS[1] the record; ARGV[1] token. Whether this run's unclaimed record's lease has lapsed:
+# lapsed | live | done (claimed, another run's) | none (no record).
+_LAPSED = """
+local v = redis.call('HMGET', KEYS[1], 'token', 'until', 'claimed')
+if not v[1] then return 'none' end
+if v[1] ~= ARGV[1] or v[3] == '1' then return 'done' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(v[2]) > now then return 'live' end
+return 'lapsed'
+"""
+
 # KEYS: records of waiting jobs being cancelled; ARGV[1] keep ms. Each a claimed record (a
 # live run's keeps its token: its own marks still apply).
 _HOLD_BACK = """
@@ -160,6 +182,27 @@ def end(job_id: str, token: str) -> None:
     """The run is over (its outcome is in the ledger): its record says so (claimed) until it
     expires, so that a copy of its message delivered meanwhile reads the row."""
     _script(_END)(keys=[_key(job_id)], args=[token, KEEP_MS], client=redis_client())
+
+
+def settle(job_id: str, token: str, lease_seconds: float) -> float | None:
+    """A run that ended outside its own code (its pool process killed: a crash, a hard time
+    limit, a cancel at shutdown), recorded by the worker's main process: if it had not written
+    its claim, its record is marked claimed (the next delivery reads the row) and its start is
+    returned (a UNIX time, from its lease's end on Redis' clock); else None."""
+    started = _script(_SETTLE)(
+        keys=[_key(job_id)],
+        args=[token, KEEP_MS, int(lease_seconds * 1000)],
+        client=redis_client(),
+    )
+    return None if started is None else int(started) / 1000
+
+
+def lapsed(job_id: str, token: str) -> str:
+    """Whether this run, unclaimed, outlived its lease without writing its claim (its process
+    stopped or stuck): "lapsed", "live", "done" (it wrote its claim or ended, or another run
+    holds the record) or "none" (no record yet)."""
+    reply = _script(_LAPSED)(keys=[_key(job_id)], args=[token], client=redis_client())
+    return redis_text(reply)
 
 
 def hold_back(job_ids: Iterable[object]) -> None:

@@ -16,7 +16,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
-from billiard.process import current_process
 from celery.exceptions import Ignore, Reject, Retry
 from django.db import DatabaseError
 from django.utils import timezone
@@ -262,15 +261,16 @@ def deferred_delivery(
 
 def _defers(task: Runnable) -> bool:
     """Whether this delivery may defer its claim: the setting, a Redis broker (whose restore
-    and reconcile give back what a vanished run held), the job's code in this process (no
-    pool process the worker's main process writes for), and no gate (a slot's lease is the
-    claim's)."""
+    and reconcile give back what a vanished run held), no gate (a slot's lease is the
+    claim's), and no cancel that kills its process (a terminating cancel finds the job by its
+    running row). In a prefork pool process too: the worker's main process settles a run its
+    process ended outside its code (jobs.worker.deferred.settle_ended)."""
     return (
         backlot_settings().DEFER_CLAIM
         and broker.lists_held_messages()
         and not task.cluster_rate_limit
         and not task.concurrency_limit
-        and current_process().name == "MainProcess"
+        and getattr(task, "cancel_mode", None) != "terminate"
     )
 
 

@@ -7,7 +7,9 @@ message is acked or requeued.
 Each message received gets a claim token here (a UUID in the request, outcomes.CLAIM_TOKEN)
 that the pool process's claim writes into the job's row: the main process's writes for the
 run match it, so a run whose job another run took over (its lease lapsed while its process
-was stopped) has its time limit, cancel, crash and release refused like its own writes.
+was stopped) has its time limit, cancel, crash and release refused like its own writes. A run
+that deferred its claim (DEFER_CLAIM) and ended outside its code has it written here first
+(jobs.worker.deferred.settle_ended), so that these writes find it as they find a claimed run.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from jobs.broker.broker import backlot_priority
 from jobs.core import context, events
 from jobs.core.policies import TimeLimitHit
 from jobs.models import Job, JobState
-from jobs.worker import execution, finishes, outcomes
+from jobs.worker import deferred, execution, finishes, outcomes
 from jobs.worker.lease import refused
 
 if TYPE_CHECKING:
@@ -38,6 +40,9 @@ if TYPE_CHECKING:
     from jobs.worker.task import PlatformTask
 
 logger = logging.getLogger(__name__)
+
+# How a pool process's run can end outside its own code (killed, or exiting the process).
+_ENDED_OUTSIDE = (TimeLimitExceeded, Terminated, WorkerLostError, SystemExit, KeyboardInterrupt)
 
 
 class PlatformRequest(Request):
@@ -87,6 +92,9 @@ class PlatformRequest(Request):
         exc = getattr(exc, "exc", exc)
         if getattr(self.task, "track", False) or isinstance(exc, TimeLimitExceeded):
             close_old_connections()  # the main process holds its connection for days
+            if getattr(self.task, "track", False) and isinstance(exc, _ENDED_OUTSIDE):
+                # a run that had not written its claim (DEFER_CLAIM): written now, for it
+                deferred.settle_ended(str(self.id), self._claim_token(), claim=True)
             if isinstance(exc, (Terminated, WorkerLostError)) and self._stopped_on_request():
                 pass  # cancelled: recorded, and Celery acks (or requeues a copy dropped at claim)
             elif isinstance(exc, TimeLimitExceeded):
@@ -104,6 +112,8 @@ class PlatformRequest(Request):
         queue, so free the claim for its redelivery (not a crash: nothing is counted)."""
         if getattr(self.task, "track", False):
             close_old_connections()
+            # a run that had not written its claim (DEFER_CLAIM): its next delivery reads the row
+            deferred.settle_ended(str(self.id), self._claim_token(), claim=False)
             try:
                 ledger.release(job_id=self.id, lease_owner=self._claim_token())
             except Exception:

@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from celery import concurrency, current_app
-from celery.concurrency import solo
+from celery.concurrency import prefork, solo
 from celery.signals import (
     before_task_publish,
     task_prerun,
@@ -19,12 +19,13 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from celery.worker import state
 from django.db import close_old_connections
 
 from jobs.broker import amqp, counters, fetch, heartbeat, reservations
-from jobs.broker.broker import BROKER_ERRORS, slim_message
+from jobs.broker.broker import BROKER_ERRORS, lists_held_messages, slim_message
 from jobs.core.conf import backlot_settings
-from jobs.worker import conflicts, finishes, watchdog
+from jobs.worker import conflicts, deferred, finishes, outcomes, watchdog
 from jobs.worker.task import PlatformTask
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,34 @@ def enforce_time_limits_in_solo(sender: Any = None, **kwargs: Any) -> None:
         return
     if _inline(sender):
         watchdog.enable(soft=sender.soft_time_limit, hard=sender.time_limit)
+
+
+@worker_ready.connect
+def watch_pool_runs(sender: Any = None, **kwargs: Any) -> None:
+    """A prefork worker deferring claims: its main process finds a pool process's run that
+    outlived its lease without writing its claim (stopped, stuck), and writes it under that
+    lapsed lease for the relay to take over (jobs.worker.deferred.PoolRuns)."""
+    controller = getattr(sender, "controller", None)  # the consumer's worker
+    if controller is None or not backlot_settings().DEFER_CLAIM or not lists_held_messages():
+        return
+    pool = concurrency.get_implementation(controller.pool_cls)
+    if isinstance(pool, type) and issubclass(pool, prefork.TaskPool):
+        deferred.PoolRuns(_pool_runs, backlot_settings().LEASE_SECONDS).start()
+
+
+def _pool_runs() -> list[deferred.PoolRun]:
+    """The tracked runs the pool processes have taken: job id, claim token, start."""
+    try:
+        requests = list(state.active_requests)
+    except RuntimeError:  # changed while copied: the next round reads it
+        return []
+    return [
+        (str(request.id), str(token), float(request.time_start))
+        for request in requests
+        if getattr(request.task, "track", False)
+        and request.time_start
+        and (token := request._request_dict.get(outcomes.CLAIM_TOKEN))
+    ]
 
 
 @worker_ready.connect

@@ -8,6 +8,8 @@ runs without reading its row (jobs.broker.running.fresh); a cancel before it sti
 
 from __future__ import annotations
 
+import os
+import signal
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -82,12 +84,16 @@ def updates_per_job(transactional_db: None) -> Iterator[Callable[[list[str]], Co
             cursor.execute(f"DROP TABLE IF EXISTS {UPDATES}")
 
 
-@pytest.mark.parametrize(("defer", "writes"), [("1", 1), ("0", 2)], ids=["deferred", "claimed"])
+@pytest.mark.parametrize(
+    ("pool", "defer", "writes"),
+    [("solo", "1", 1), ("solo", "0", 2), ("prefork", "1", 1)],
+    ids=["deferred", "claimed", "prefork"],
+)
 def test_a_short_job_writes_its_row_once_with_the_claim_deferred(
-    defer, writes, private_redis, start_fault_worker, client_procs, run_id, updates_per_job
+    pool, defer, writes, private_redis, start_fault_worker, client_procs, run_id, updates_per_job
 ):
-    # given a solo worker, with the claim deferred or not
-    start_fault_worker("deferred", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM=defer)
+    # given a solo worker, with the claim deferred or not, or a prefork one deferring it
+    start_fault_worker("deferred", pool=pool, concurrency=1, BACKLOT_DEFER_CLAIM=defer)
 
     # when short jobs run
     ids = client_procs.enqueue("quick", run_id, 12)
@@ -189,6 +195,53 @@ def test_a_worker_killed_in_an_unclaimed_run_counts_a_crash_and_the_job_runs_aga
     succeeded_after(
         job_id, run_id, attempts=2, crashes=1, what="the job after the kill", timeout=120
     )
+
+
+def test_a_pool_process_killed_in_an_unclaimed_run_counts_a_crash_and_the_job_runs_again(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a prefork worker deferring claims (9 s leases: the claim would be written at 3 s),
+    # and no relay: its own main process must record the lost run
+    lease = {"BACKLOT_DEFER_CLAIM": "1", "BACKLOT_LEASE_SECONDS": "9"}
+    worker = start_fault_worker("deferred-pool-kill", pool="prefork", concurrency=1, **lease)
+
+    # when its pool process is killed while a job's first run has not written its claim
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 60})
+    wait_until(lambda: runs(run_id)[0] == 1, timeout=30, interval=0.05, what="the run to start")
+    assert Job.objects.get(id=job_id).state == JobState.QUEUED  # nothing written by the run
+    (pid,) = worker.pool_pids()
+    os.kill(pid, signal.SIGKILL)
+
+    # then the job runs again on the worker's new pool process and succeeds, with the lost run
+    # counted as a worker crash
+    succeeded_after(job_id, run_id, attempts=2, crashes=1, what="the job after the kill")
+
+
+def test_a_stopped_pool_processs_unclaimed_run_is_taken_over_once_its_lease_lapses(
+    private_redis, start_fault_worker, client_procs, run_id
+):
+    # given a prefork worker deferring claims, with 3 s leases (the claim would be written at
+    # 1 s), and the relay
+    lease = {"BACKLOT_DEFER_CLAIM": "1", "BACKLOT_LEASE_SECONDS": "3"}
+    first = start_fault_worker("deferred-pool-stop", pool="prefork", concurrency=1, **lease)
+    client_procs.start_relay(interval=0.5)
+
+    # when its pool process stops (SIGSTOP) before the job's run wrote its claim, while its
+    # main process goes on, and another worker is started
+    (job_id,) = client_procs.enqueue("quick", run_id, 1, kwargs={"seconds": 60})
+    wait_until(lambda: runs(run_id)[0] == 1, timeout=30, interval=0.02, what="the run to start")
+    (pid,) = first.pool_pids()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        assert Job.objects.get(id=job_id).state == JobState.QUEUED  # nothing written by the run
+        start_fault_worker("deferred-pool-next", pool="prefork", concurrency=1, **lease)
+
+        # then the first worker's main process writes the run's claim under its lapsed lease,
+        # the relay sends the job again, and the other worker runs it to its success, with the
+        # stopped run counted as a crash
+        succeeded_after(job_id, run_id, attempts=2, crashes=1, what="the job taken over")
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 def test_a_second_delivery_during_an_unclaimed_run_is_dropped(

@@ -18,6 +18,7 @@ import pytest
 
 from jobs.broker.redis import redis_text as text
 from jobs.broker.reservations import DROPPED, OWNERS, RESTORED
+from jobs.broker.running import PREFIX
 from jobs.core.states import WAITING_STATES
 from jobs.models import DeadLetter, Job, JobState
 from tests.conftest import wait_until
@@ -105,18 +106,34 @@ def held_by(redis: PrivateRedis, node: str | None = None) -> dict[str, str]:
     return held
 
 
-def running_of(held: dict[str, str]) -> set[str]:
-    """The jobs among `held` that the ledger shows running."""
-    rows = Job.objects.filter(id__in=list(held), state=JobState.RUNNING)
-    return {str(job_id) for job_id in rows.values_list("id", flat=True)}
+def unclaimed(client: Any, rows: list[Job]) -> set[str]:
+    """The waiting rows whose run started without writing its claim (DEFER_CLAIM): their
+    Redis record's lease has not lapsed and says unclaimed (jobs.broker.running)."""
+    waiting = [str(job.id) for job in rows if job.state in WAITING_STATES]
+    now_ms = time.time() * 1000
+    found = set()
+    for job_id in waiting:
+        until, claimed = client.hmget(f"{PREFIX}{job_id}", "until", "claimed")
+        if until is not None and claimed is None and float(until) > now_ms:
+            found.add(job_id)
+    return found
 
 
-def started_of(held: dict[str, str]) -> set[str]:
-    """The jobs among `held` that the ledger shows running or finished: a message the worker
-    held after its job's finish (killed between the finish and the ack) is one the restore
-    drops, as it drops a running job's."""
-    rows = Job.objects.filter(id__in=list(held)).exclude(state__in=WAITING_STATES)
-    return {str(job_id) for job_id in rows.values_list("id", flat=True)}
+def running_of(client: Any, held: dict[str, str]) -> set[str]:
+    """The jobs among `held` that the ledger shows running, or whose run started without
+    writing its claim (DEFER_CLAIM: its Redis record says so, as the status API reads it)."""
+    rows = list(Job.objects.filter(id__in=list(held)).only("id", "state"))
+    claimed = {str(job.id) for job in rows if job.state == JobState.RUNNING}
+    return claimed | unclaimed(client, rows)
+
+
+def started_of(client: Any, held: dict[str, str]) -> set[str]:
+    """The jobs among `held` that the ledger shows running or finished, or running unclaimed:
+    a message the worker held after its job's finish (killed between the finish and the ack) is
+    one the restore drops, as it drops a running job's."""
+    rows = list(Job.objects.filter(id__in=list(held)).only("id", "state"))
+    ended = {str(job.id) for job in rows if job.state not in WAITING_STATES}
+    return ended | unclaimed(client, rows)
 
 
 def time_until(predicate: Callable[[], bool], since: float, timeout: float, what: str) -> float:
@@ -169,8 +186,8 @@ def test_prefetched_jobs_of_a_killed_worker_run_within_60_s(
     first.kill()
     killed_at = time.monotonic()
     held = held_by(private_redis, first.name)
-    running = running_of(held)
-    started = started_of(held)
+    running = running_of(private_redis.client, held)
+    started = started_of(private_redis.client, held)
     prefetched = [job_id for job_id in held if job_id not in started]
 
     # then
@@ -218,8 +235,8 @@ def test_whole_platform_killed_and_restarted_on_the_same_redis(
     platform.kill_all()
     killed_at = time.monotonic()
     held = held_by(private_redis)
-    running = running_of(held)
-    started = started_of(held)
+    running = running_of(private_redis.client, held)
+    started = started_of(private_redis.client, held)
     prefetched = [job_id for job_id in held if job_id not in started]
     platform.relay()
     platform.beat()
