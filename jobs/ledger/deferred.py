@@ -174,39 +174,6 @@ def run_lost(*, job_id: str, lease_owner: str) -> bool:
     return bool(_execute(sql, params))
 
 
-@busy_retried  # SQLite's "database is locked" is waited out
-def succeed_unclaimed(
-    *,
-    job_id: str,
-    attempts: int,
-    lease_owner: str,
-    started: datetime,
-    run_seconds: float,
-    result: Any = None,
-) -> bool:
-    """A run that never wrote its claim succeeded: from the waiting state it read to
-    succeeded in one UPDATE (the claim's columns and the finish's). False when the row changed
-    since the delivery read it: nothing is written."""
-    result = _json_or_none(job_id, result)
-    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (jobs.ledger.accept)
-    _, states = _states("succeed_unclaimed")
-    params = [
-        str(target("succeed_unclaimed")),
-        _db("started_at", started, db),
-        _db("last_started_at", started, db),
-        None,  # lease_expires_at: the run is over
-        _db("lease_owner", uuid.UUID(str(lease_owner)), db),
-        _db("finished_at", timezone.now(), db),
-        _db("run_seconds", run_seconds, db),
-        "",
-        _db("result", result, db),
-        _id(job_id, db),
-        *states,
-        int(attempts),
-    ]
-    return bool(_execute(_succeed_sql(db.vendor), params, db))
-
-
 @dataclass(frozen=True)
 class Success:
     """One unclaimed run's success, as succeed_unclaimed takes it (written with others)."""
@@ -221,6 +188,25 @@ class Success:
 
 
 @busy_retried  # SQLite's "database is locked" is waited out
+def succeed_unclaimed(
+    *,
+    job_id: str,
+    attempts: int,
+    lease_owner: str,
+    started: datetime,
+    run_seconds: float,
+    result: Any = None,
+) -> bool:
+    """A run that never wrote its claim succeeded: from the waiting state it read to
+    succeeded in one UPDATE (the claim's columns and the finish's). False when the row changed
+    since the delivery read it: nothing is written."""
+    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (jobs.ledger.accept)
+    success = Success(job_id, attempts, lease_owner, started, timezone.now(), run_seconds, result)
+    params = _succeed_params(_success_row(success, db), db)
+    return bool(_execute(_succeed_sql(db.vendor), params, db))
+
+
+@busy_retried  # SQLite's "database is locked" is waited out
 def succeed_unclaimed_many(successes: list[Success]) -> set[str]:
     """The successes of several unclaimed runs in one statement (PostgreSQL: an UPDATE from
     VALUES) or one transaction (SQLite), each fenced as succeed_unclaimed fences one: the ids
@@ -228,18 +214,7 @@ def succeed_unclaimed_many(successes: list[Success]) -> set[str]:
     if not successes:
         return set()
     db = connections[DEFAULT_DB_ALIAS]
-    rows = [
-        [
-            _id(s.job_id, db),
-            int(s.attempts),
-            _db("lease_owner", uuid.UUID(str(s.lease_owner)), db),
-            _db("started_at", s.started, db),
-            _db("finished_at", s.finished, db),
-            _db("run_seconds", s.run_seconds, db),
-            _db("result", _json_or_none(s.job_id, s.result), db),
-        ]
-        for s in successes
-    ]
+    rows = [_success_row(s, db) for s in successes]
     if db.vendor != "postgresql":
         with transaction.atomic(using=db.alias):
             return {
@@ -252,6 +227,20 @@ def succeed_unclaimed_many(successes: list[Success]) -> set[str]:
     with db.cursor() as cursor:
         cursor.execute(_succeed_many_sql(len(rows)), params)
         return {str(found) for (found,) in cursor.fetchall()}
+
+
+def _success_row(s: Success, db: Any) -> list[Any]:
+    """A success's values as the database takes them: id, attempts, token, start, end, run
+    seconds, result (None when it is not JSON)."""
+    return [
+        _id(s.job_id, db),
+        int(s.attempts),
+        _db("lease_owner", uuid.UUID(str(s.lease_owner)), db),
+        _db("started_at", s.started, db),
+        _db("finished_at", s.finished, db),
+        _db("run_seconds", s.run_seconds, db),
+        _db("result", _json_or_none(s.job_id, s.result), db),
+    ]
 
 
 def _json_or_none(job_id: str, result: Any) -> Any:

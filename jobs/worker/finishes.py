@@ -91,6 +91,7 @@ class Finishes:
         with self.writing:
             with self.lock:
                 batch, self.waiting = self.waiting, []
+                self.deadline = None  # all of them are written now: the thread waits for more
             if not batch:
                 return
             try:
