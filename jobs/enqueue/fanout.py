@@ -110,8 +110,14 @@ def enqueue_many(
                 return
         messages = [(str(row.id), row.args, row.kwargs) for row in todo]
         headers: dict[str, Any] = dict(carrier)
-        # first messages of rows in no batch, behind no gate: their deliveries may skip the row
-        if task.track and prototype.batch_id is None and not slots.limited(task):
+        # first messages of rows in no batch, behind no gate, no replay (a dead batch member's
+        # joins its batch after the insert): their deliveries may skip the row
+        if (
+            task.track
+            and prototype.batch_id is None
+            and replay_of is None
+            and not slots.limited(task)
+        ):
             headers.update(running.born(prototype.owner_id))
         sent = broker.publish_many(
             task=task,

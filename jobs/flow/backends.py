@@ -38,6 +38,7 @@ else:
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
 
+from jobs.broker import running
 from jobs.core.conf import backlot_settings
 from jobs.core.exceptions import UnknownTask
 from jobs.core.payload import json_problem, payload_check
@@ -170,7 +171,10 @@ class CeleryBackend(BaseTaskBackend):
             task = _task_of(row)
         except UnknownTask as exc:
             raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
-        return _task_result(row, task)
+        result = _task_result(row, task)
+        if result.status == TaskResultStatus.READY and str(row.pk) in running.unclaimed([row]):
+            _started(result)  # its run started without writing its claim (DEFER_CLAIM)
+        return result
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         unknown = sorted(self.queues - set(backlot_settings().QUEUES))
@@ -285,6 +289,15 @@ def _task_result(row: Job, task: Task) -> TaskResult[Any]:
     return result
 
 
+def _started(result: TaskResult[Any]) -> None:
+    """A result read from a waiting row whose run has started (DEFER_CLAIM: the row is written
+    at its finish): running, attempted now."""
+    now = timezone.now()
+    object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+    object.__setattr__(result, "started_at", result.started_at or now)
+    object.__setattr__(result, "last_attempted_at", now)
+
+
 def _announce_failure(exc: BaseException, args: tuple, kwargs: dict) -> None:
     """on_dead: the job gave up (its dead letter is written); tell task_finished receivers."""
     job_id = standard_task.request.id
@@ -324,6 +337,8 @@ def standard_task(
     except (UnknownTask, InvalidTask) as exc:
         raise Permanent(f"Task {path} cannot run: {exc}") from exc
     result = _task_result(row, task)
+    if result.status != TaskResultStatus.RUNNING:  # its claim not written yet (DEFER_CLAIM)
+        _started(result)
     worker_ids = [*result.worker_ids[:-1], request.hostname or UNRECORDED_WORKER]
     object.__setattr__(result, "worker_ids", worker_ids)
     sender = type(task.get_backend())

@@ -85,20 +85,21 @@ class DeferredClaim:
         )
 
 
-def settle_ended(job_id: str, token: str | None, *, claim: bool) -> bool:
+def settle_ended(job_id: str, token: str | None) -> bool:
     """A run whose pool process ended outside its code, in the worker's main process: if it
     had not written its claim (DEFER_CLAIM), its Redis record is marked claimed (the next
-    delivery reads the row) and, with `claim`, its claim is written now as the run would have
-    written it (its start from the record), so that what follows (the crash count, the hard
-    time limit, the cancel) is recorded against it as against a claimed run. True when a claim
-    was written. Redis or the database away: logged; the record lapses with its lease and the
-    next delivery counts the crash."""
+    delivery reads the row) and its claim is written now as the run would have written it (its
+    start from the record), so that what follows (the crash count, the hard time limit, the
+    release at shutdown) is recorded against it as against a claimed run, and the run's own
+    claim, should its process outlive this, is refused (the attempt count moved on). True when
+    a claim was written. Redis or the database away: logged; the record lapses with its lease
+    and the next delivery counts the crash."""
     settings = backlot_settings()
     if token is None or not settings.DEFER_CLAIM or not broker.lists_held_messages():
         return False
     try:
         started = running.settle(job_id, token, settings.LEASE_SECONDS)
-        if started is None or not claim:
+        if started is None:
             return False
         peeked = ledger.peek(job_id=job_id, token=token)
         if peeked is None:

@@ -165,9 +165,12 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
                 result = task.run(*args, **kwargs)
         except Ignore:
             raise  # a success (or a replacement, which wrote its claim)
-        except BaseException:
-            if hold is not None:
-                hold.claim_now()  # the failed run's outcome is a claimed run's (LeaseLost if not)
+        except BaseException as exc:
+            # the failed run's outcome is a claimed run's (LeaseLost if not); a process that
+            # ends (a signal's SystemExit) leaves its run to the worker's main process, which
+            # writes its claim for it (jobs.worker.deferred.settle_ended)
+            if hold is not None and not _ends_process(task, exc):
+                hold.claim_now()
             raise
         finally:
             if hold is not None:  # the finish below is fenced; renewals stop first
@@ -200,7 +203,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
         failed(exc)
         raise  # gave up: Celery records the failure and acknowledges after the dead letter
     except (SystemExit, KeyboardInterrupt) as exc:
-        if not getattr(task, "exit_is_failure", False):
+        if _ends_process(task, exc):
             raise  # Celery's way: the pool process ends, the delivery is a lost worker's
         # A task of Django's Tasks API (jobs.flow.backends): as Django's backends do, one run,
         # FAILED with the exception's own class and traceback; the pool process lives on.
@@ -213,6 +216,14 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
             throttle.close()
     outcomes.succeeded(task, attempt, time.monotonic() - started, result)
     return result
+
+
+def _ends_process(task: Runnable, exc: BaseException) -> bool:
+    """The exception ends the run's process (SystemExit, KeyboardInterrupt), unless the task
+    records them as its failure (exit_is_failure)."""
+    return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not getattr(
+        task, "exit_is_failure", False
+    )
 
 
 def deferred_delivery(

@@ -94,7 +94,7 @@ class PlatformRequest(Request):
             close_old_connections()  # the main process holds its connection for days
             if getattr(self.task, "track", False) and isinstance(exc, _ENDED_OUTSIDE):
                 # a run that had not written its claim (DEFER_CLAIM): written now, for it
-                deferred.settle_ended(str(self.id), self._claim_token(), claim=True)
+                deferred.settle_ended(str(self.id), self._claim_token())
             if isinstance(exc, (Terminated, WorkerLostError)) and self._stopped_on_request():
                 pass  # cancelled: recorded, and Celery acks (or requeues a copy dropped at claim)
             elif isinstance(exc, TimeLimitExceeded):
@@ -112,8 +112,9 @@ class PlatformRequest(Request):
         queue, so free the claim for its redelivery (not a crash: nothing is counted)."""
         if getattr(self.task, "track", False):
             close_old_connections()
-            # a run that had not written its claim (DEFER_CLAIM): its next delivery reads the row
-            deferred.settle_ended(str(self.id), self._claim_token(), claim=False)
+            # a run that had not written its claim (DEFER_CLAIM): written for it, then freed
+            # below, so that its process, if it outlives the cancel, has its writes refused
+            deferred.settle_ended(str(self.id), self._claim_token())
             try:
                 ledger.release(job_id=self.id, lease_owner=self._claim_token())
             except Exception:

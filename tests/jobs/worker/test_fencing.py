@@ -106,8 +106,12 @@ def test_a_stopped_run_whose_job_was_taken_over_has_its_effect_and_finish_refuse
     fencing_worker: Callable[..., FencingWorker], unique: str
 ) -> None:
     # given: worker A (3 s leases) runs two jobs that stall; one will re-raise LeaseLost, the
-    # other swallows it and returns, so that its finish reaches the ledger and is refused there
-    first = fencing_worker("fence-a", concurrency=2, BACKLOT_LEASE_SECONDS=LEASE)
+    # other swallows it and returns, so that its finish reaches the ledger and is refused there.
+    # Their runs write their claims as they start (DEFER_CLAIM off): this is the claimed run's
+    # fence; an unclaimed run's takeover is tests/system/faults/test_deferred_claim.py's.
+    first = fencing_worker(
+        "fence-a", concurrency=2, BACKLOT_LEASE_SECONDS=LEASE, BACKLOT_DEFER_CLAIM="0"
+    )
     raising, swallowing = f"{unique}-r", f"{unique}-s"
     jobs = {
         raising: fencing_jobs.stalls.enqueue(raising),

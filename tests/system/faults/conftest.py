@@ -34,6 +34,8 @@ from django.conf import settings
 from django.db import connection
 
 from config.celery import app as celery_app
+from jobs.broker.running import PREFIX as RUN_PREFIX
+from jobs.core.states import WAITING_STATES
 from jobs.models import DeadLetter, Job, JobState
 from tests.conftest import LOG_DIR, ROOT, Worker, wait_until
 from tests.system.faults.jobs import APPLIED_TABLE
@@ -501,6 +503,22 @@ def applied(run: str) -> Counter:
             f"SELECT item, count(*) FROM {APPLIED_TABLE} WHERE run = %s GROUP BY item", [run]
         )
         return Counter(dict(cursor.fetchall()))
+
+
+def running_ids(client: Any, ids: list[str]) -> set[str]:
+    """Those of `ids` whose job runs: its row says running, or it waits while its run's Redis
+    record (DEFER_CLAIM, jobs.broker.running: the status API reads it so) is live and says
+    unclaimed. `client`: the Redis the workers record their runs in."""
+    rows = list(Job.objects.filter(id__in=ids).only("id", "state"))
+    found = {str(job.id) for job in rows if job.state == JobState.RUNNING}
+    now_ms = time.time() * 1000
+    for job in rows:
+        if job.state not in WAITING_STATES:
+            continue
+        until, claimed = client.hmget(f"{RUN_PREFIX}{job.id}", "until", "claimed")
+        if until is not None and claimed is None and float(until) > now_ms:
+            found.add(str(job.id))
+    return found
 
 
 def runs(run: str) -> Counter:

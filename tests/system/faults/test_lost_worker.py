@@ -18,7 +18,6 @@ import pytest
 
 from jobs.broker.redis import redis_text as text
 from jobs.broker.reservations import DROPPED, OWNERS, RESTORED
-from jobs.broker.running import PREFIX
 from jobs.core.states import WAITING_STATES
 from jobs.models import DeadLetter, Job, JobState
 from tests.conftest import wait_until
@@ -27,6 +26,7 @@ from tests.system.faults.conftest import (
     applied,
     figures,
     finished_count,
+    running_ids,
     runs,
     states,
     wait_finished,
@@ -106,34 +106,19 @@ def held_by(redis: PrivateRedis, node: str | None = None) -> dict[str, str]:
     return held
 
 
-def unclaimed(client: Any, rows: list[Job]) -> set[str]:
-    """The waiting rows whose run started without writing its claim (DEFER_CLAIM): their
-    Redis record's lease has not lapsed and says unclaimed (jobs.broker.running)."""
-    waiting = [str(job.id) for job in rows if job.state in WAITING_STATES]
-    now_ms = time.time() * 1000
-    found = set()
-    for job_id in waiting:
-        until, claimed = client.hmget(f"{PREFIX}{job_id}", "until", "claimed")
-        if until is not None and claimed is None and float(until) > now_ms:
-            found.add(job_id)
-    return found
-
-
 def running_of(client: Any, held: dict[str, str]) -> set[str]:
-    """The jobs among `held` that the ledger shows running, or whose run started without
-    writing its claim (DEFER_CLAIM: its Redis record says so, as the status API reads it)."""
-    rows = list(Job.objects.filter(id__in=list(held)).only("id", "state"))
-    claimed = {str(job.id) for job in rows if job.state == JobState.RUNNING}
-    return claimed | unclaimed(client, rows)
+    """The jobs among `held` that run: their row says so, or their run's Redis record does
+    (DEFER_CLAIM: no row written yet)."""
+    return running_ids(client, list(held))
 
 
 def started_of(client: Any, held: dict[str, str]) -> set[str]:
     """The jobs among `held` that the ledger shows running or finished, or running unclaimed:
     a message the worker held after its job's finish (killed between the finish and the ack) is
     one the restore drops, as it drops a running job's."""
-    rows = list(Job.objects.filter(id__in=list(held)).only("id", "state"))
-    ended = {str(job.id) for job in rows if job.state not in WAITING_STATES}
-    return ended | unclaimed(client, rows)
+    rows = Job.objects.filter(id__in=list(held)).exclude(state__in=WAITING_STATES)
+    ended = {str(job_id) for job_id in rows.values_list("id", flat=True)}
+    return ended | running_ids(client, list(held))
 
 
 def time_until(predicate: Callable[[], bool], since: float, timeout: float, what: str) -> float:

@@ -6,9 +6,17 @@ import signal
 import subprocess
 import time
 
-from jobs.models import Job, JobState
+from jobs.models import JobState
 from tests.conftest import wait_until
-from tests.system.faults.conftest import applied, dead_letters, figures, runs, states, wait_finished
+from tests.system.faults.conftest import (
+    applied,
+    dead_letters,
+    figures,
+    running_ids,
+    runs,
+    states,
+    wait_finished,
+)
 
 DRAIN = 6  # seconds the deploy recipe lets running jobs finish after SIGTERM
 SHORT, LONG = 2.0, 20.0
@@ -34,7 +42,7 @@ def test_sigterm_finishes_short_jobs_and_hands_long_ones_back(
     long = client_procs.enqueue("slow", run_id, 2, start=100, kwargs={"seconds": LONG})
     short = client_procs.enqueue("slow", run_id, 4, start=0, kwargs={"seconds": SHORT})
     wait_until(
-        lambda: Job.objects.filter(id__in=short + long, state=JobState.RUNNING).count() == 6,
+        lambda: len(running_ids(private_redis.client, short + long)) == 6,
         timeout=30,
         interval=0.05,
         what="all six jobs to run",
