@@ -19,11 +19,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import jobs
-from jobs import ledger
+from jobs import dead_letter_replay_many, ledger
 from jobs.broker import running
 from jobs.broker.redis import redis_client
 from jobs.flow.cancellation import cancel
-from jobs.models import Job, JobState
+from jobs.models import DeadLetter, Job, JobState
 from jobs.worker import execution, outcomes
 from jobs.worker.deferred import DeferredClaim
 from tests.support import tasks
@@ -104,6 +104,30 @@ def test_a_fan_out_stamps_its_messages_and_a_batch_a_celery_id_or_setting_off_do
     settings.BACKLOT = {**settings.BACKLOT, "DEFER_CLAIM": False}
     plain = tasks.add.using(queue=QUEUE).enqueue(5, 6)
     assert running.BORN not in message_of(plain.id)["headers"]
+
+
+def test_a_dead_letters_replay_is_not_stamped(deferring, transactional_db):
+    # given a dead letter (a replay of a dead batch member joins its batch after the insert:
+    # its delivery must read the row, which says so)
+    now = timezone.now()
+    dead = DeadLetter.objects.create(
+        job_id_value=uuid.uuid4(),
+        task_name=tasks.add.name,
+        args=[1, 2],
+        kwargs={},
+        queue=QUEUE,
+        priority=5,
+        exception_class="ConnectionError",
+        exception_message="down",
+        first_failed_at=now,
+        last_failed_at=now,
+    )
+
+    # when it is replayed
+    (replayed,) = dead_letter_replay_many(queryset=DeadLetter.objects.filter(pk=dead.pk)).job_ids
+
+    # then its message carries no `born`: its first delivery reads the row
+    assert running.BORN not in message_of(replayed)["headers"]
 
 
 @pytest.mark.parametrize(
