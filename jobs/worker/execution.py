@@ -166,9 +166,8 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
         except Ignore:
             raise  # a success (or a replacement, which wrote its claim)
         except BaseException as exc:
-            # the failed run's outcome is a claimed run's (LeaseLost if not); a process that
-            # ends (a signal's SystemExit) leaves its run to the worker's main process, which
-            # writes its claim for it (jobs.worker.deferred.settle_ended)
+            # the failed run's outcome is a claimed run's (LeaseLost if not); an ending process
+            # leaves it to the main process (jobs.worker.deferred.settle_ended)
             if hold is not None and not _ends_process(task, exc):
                 hold.claim_now()
             raise
@@ -219,8 +218,7 @@ def _run(task: Runnable, args: tuple, kwargs: dict, held: slots.Slots) -> Any:
 
 
 def _ends_process(task: Runnable, exc: BaseException) -> bool:
-    """The exception ends the run's process (SystemExit, KeyboardInterrupt), unless the task
-    records them as its failure (exit_is_failure)."""
+    """SystemExit or KeyboardInterrupt ends the run's process, unless exit_is_failure."""
     return isinstance(exc, (SystemExit, KeyboardInterrupt)) and not getattr(
         task, "exit_is_failure", False
     )
@@ -272,10 +270,9 @@ def deferred_delivery(
 
 def _defers(task: Runnable) -> bool:
     """Whether this delivery may defer its claim: the setting, a Redis broker (whose restore
-    and reconcile give back what a vanished run held), no gate (a slot's lease is the
-    claim's), and no cancel that kills its process (a terminating cancel finds the job by its
-    running row). In a prefork pool process too: the worker's main process settles a run its
-    process ended outside its code (jobs.worker.deferred.settle_ended)."""
+    and reconcile give back what a vanished run held), no gate (a slot's lease is the claim's),
+    no terminating cancel (it finds the job by its running row). Prefork's pool processes too:
+    the main process settles a run ended outside its code (jobs.worker.deferred)."""
     return (
         backlot_settings().DEFER_CLAIM
         and broker.lists_held_messages()
@@ -297,8 +294,7 @@ def attempt_failed(
     traceback: str = "",
 ) -> None:
     """Decide with the policy, persist, publish, then send the event: raises Celery's Retry
-    when a retry was scheduled, Ignore when this run lost its claim; returns after giving up.
-    """
+    when a retry was scheduled, Ignore when this run lost its claim; returns after giving up."""
     reason = (
         TimeLimitHit(str(exc) or "soft time limit")
         if isinstance(exc, SoftTimeLimitExceeded)
