@@ -49,17 +49,17 @@ from jobs.core.conf import backlot_settings
 logger = logging.getLogger(__name__)
 
 # KEYS: the n lists in kombu's order, then unacked, unacked_index, OWNERS, then the bells of the
-# channel's queues; ARGV: n, the holder ('' for none), the acknowledgements that ride with this
-# fetch (a JSON list of delivery tags, '' for none) and the metric counts that ride with them
-# (jobs.broker.counters.encoded, '' for none; jobs.broker.reservations.RIDE_WAIT), then for a
-# worker that runs its jobs in its own process with DEFER_CLAIM (else none): a fresh claim
-# token, the lease and the keep (ms) and the run records' prefix. Settles the acknowledged
-# messages (out of unacked, unacked_index and OWNERS, as kombu's ack and
-# ReservingQoS._remove_from_indices) and writes the counts, then pops the first message of the
-# first non-empty list and
-# records it as taken: {list's index, message, 1}; {index, message, 0} for a message it cannot
-# read a delivery tag, exchange and routing key from (kombu then records it, as it would any);
-# nil (and the bells deleted) when every list is empty. A stamped message
+# channel's queues; ARGV: n, the holder ('' for none), what rides with this fetch
+# (jobs.broker.reservations.RIDE_WAIT; '' for none): the acknowledgements (a JSON list of
+# delivery tags), the metric counts (jobs.broker.counters.encoded) and the acknowledged runs'
+# records (jobs.broker.running.forget_args, a JSON list); then for a worker that runs its jobs
+# in its own process with DEFER_CLAIM (else none): a fresh claim token, the lease and the keep
+# (ms) and the run records' prefix. Settles the acknowledged messages (out of unacked,
+# unacked_index and OWNERS, as kombu's ack and ReservingQoS._remove_from_indices), drops their
+# runs' records and writes the counts, then pops the first message of the first non-empty list
+# and records it as taken: {list's index, message, 1}; {index, message, 0} for a message it
+# cannot read a delivery tag, exchange and routing key from (kombu then records it, as it would
+# any); nil (and the bells deleted) when every list is empty. A stamped message
 # (jobs.broker.running.BORN) has its run record taken in the same step: the reply's fourth
 # element is jobs.broker.running.start's answer (RUN, below). allow-oom: a message moves from
 # its list to `unacked`, so a full noeviction Redis still lets workers drain it.
@@ -73,6 +73,7 @@ if ARGV[3] ~= '' then
     end
 end
 if ARGV[4] ~= '' then write_counts(ARGV[4]) end
+if ARGV[5] ~= '' then forget_runs(cjson.decode(ARGV[5])) end
 for i = 1, n do
     local payload = redis.call('RPOP', KEYS[i])
     if payload then
@@ -90,10 +91,10 @@ for i = 1, n do
             .. ',' .. cjson.encode(info.routing_key) .. ']')
         if ARGV[2] ~= '' then redis.call('HSET', KEYS[n + 3], tag, ARGV[2]) end
         local headers = message.headers
-        if ARGV[5] and ARGV[5] ~= '' and type(headers) == 'table'
+        if ARGV[6] and ARGV[6] ~= '' and type(headers) == 'table'
             and type(headers['{born}']) == 'table' and type(headers.id) == 'string' then
             local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-            return {i, payload, 1, start_run(ARGV[8] .. headers.id, ARGV[5], ARGV[6], ARGV[7], ms)}
+            return {i, payload, 1, start_run(ARGV[9] .. headers.id, ARGV[6], ARGV[7], ARGV[8], ms)}
         end
         return {i, payload, 1}
     end
@@ -103,7 +104,7 @@ return false
 """.replace("{born}", running.BORN)
 # Redis 7 reads the flags; an older Redis cannot compile the first line and gets the plain body
 # (in effects replication, which TIME needs there).
-_FUNCTIONS = running.START_FUNCTION + counters.WRITE_FUNCTION
+_FUNCTIONS = running.START_FUNCTION + running.FORGET_FUNCTION + counters.WRITE_FUNCTION
 _SCRIPTS = [
     "#!lua flags=allow-oom\n" + _FUNCTIONS + _FETCH_BODY,
     "if redis.replicate_commands then redis.replicate_commands() end\n" + _FUNCTIONS + _FETCH_BODY,
@@ -214,7 +215,9 @@ def _do_restore_message(
     self: Any, payload: Any, exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
 ) -> None:
     """kombu's restore of an unacknowledged message to its queue (a reject with requeue, a
-    channel closing, the visibility timeout), ringing the queue's bell in its transaction."""
+    channel closing, the visibility timeout), ringing the queue's bell in its transaction. The
+    copy goes without `born` (jobs.broker.running.unstamp): its run reads the row."""
+    running.unstamp(payload)
     _KOMBU_RESTORE(self, payload, exchange, routing_key, pipe, leftmost)
     if not _rings(payload):
         return
@@ -290,7 +293,7 @@ def _send_fetch(channel: Any, *, load: bool = False) -> None:
         lease = int(backlot_settings().LEASE_SECONDS * 1000)
         runs = (str(uuid.uuid4()), lease, running.KEEP_MS, running.PREFIX)
     channel._backlot_token = runs[0] if runs else None
-    riders = getattr(channel, "_backlot_riders", ("", "")) if load else _riders(channel)
+    riders = getattr(channel, "_backlot_riders", ("", "", "")) if load else _riders(channel)
     channel._backlot_phase = _FETCH
     channel._backlot_loaded = load
     channel._brpop_sent_at = monotonic()
@@ -299,19 +302,26 @@ def _send_fetch(channel: Any, *, load: bool = False) -> None:
     )
 
 
-def _riders(channel: Any) -> tuple[str, str]:
-    """The acknowledgements and metric counts that ride with this fetch (a solo worker's:
-    jobs.broker.reservations.RIDE_WAIT), as the script's arguments; kept on the channel for a
-    fetch sent again in full (its first send never ran: NoScriptError, an old Redis)."""
+def _riders(channel: Any) -> tuple[str, str, str]:
+    """The acknowledgements, their runs' records and the metric counts that ride with this
+    fetch (a solo worker's: jobs.broker.reservations.RIDE_WAIT), as the script's arguments;
+    kept on the channel for a fetch sent again in full (its first send never ran: NoScriptError,
+    an old Redis)."""
     tags: list[str] = []
     counts = None
+    forget = ""
     if _state["ride"]:
         qos = channel.qos
         tags = qos.take_riding()
+        ended = qos.ended(tags)
+        if ended and qos.carries_counts:
+            forget = dumps(running.forget_args(ended))
+        elif ended:
+            reservations.forget_elsewhere(ended)
         # the counts go with acknowledgements (a success's ack waits for its row's write:
         # jobs.worker.finishes), not with a fetch that settles none
         counts = counters.take() if qos.carries_counts and tags else None
-    riders = (dumps(tags) if tags else "", counters.encoded(counts) if counts else "")
+    riders = (dumps(tags) if tags else "", counters.encoded(counts) if counts else "", forget)
     channel._backlot_riders = riders
     return riders
 

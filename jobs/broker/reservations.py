@@ -35,7 +35,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.json import dumps
 
-from jobs.broker import counters
+from jobs.broker import counters, running
 from jobs.broker.heartbeat import heartbeat
 from jobs.broker.redis import redis_client
 
@@ -115,6 +115,9 @@ class ReservingQoS(kombu_redis.QoS):
         self.owner = heartbeat.register(self)
         self._fetched: str | None = None
         self.riding: list[str] = []  # acknowledged, for the next fetch to settle (RIDE_WAIT)
+        # delivery tag -> (job id, claim token) of a run whose record (jobs.broker.running)
+        # goes with its message's acknowledgement (`ran`)
+        self.runs: dict[str, tuple[str, str]] = {}
         self._ride_seen: list[str] | None = None
         self._ride_timer: Any = None
 
@@ -185,38 +188,48 @@ class ReservingQoS(kombu_redis.QoS):
         except redis.RedisError as exc:
             logger.warning("Couldn't ack %d message(s): %s", len(tags), exc)
 
+    def ended(self, delivery_tags: Iterable[str]) -> list[tuple[str, str]]:
+        """The runs of these messages, settled now: their records go (jobs.broker.running)."""
+        return [run for tag in delivery_tags if (run := self.runs.pop(tag, None))]
+
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         if requeue:
+            self.runs.pop(delivery_tag, None)  # its record stays: the copy's run reads it
             return super().reject(delivery_tag, requeue=True)  # back to its queue, as kombu's
         self._settle(delivery_tag)
         return virtual.QoS.ack(self, delivery_tag)  # kombu's reject without requeue
 
     def _settle(self, *delivery_tags: str) -> None:
         """kombu's Redis ack: the messages out of `unacked` in one MULTI/EXEC, here with their
-        owner records (`_remove_from_indices`) and the metric counts this process's runs left
-        to it (jobs.broker.counters.carry()) when the broker's Redis is the platform's."""
+        owner records (`_remove_from_indices`), and when the broker's Redis is the platform's,
+        their runs' records (jobs.broker.running.forget) and the metric counts this process's
+        runs left to it (jobs.broker.counters.carry())."""
         pipe = self._remove_from_indices(delivery_tags[0])
         for tag in delivery_tags[1:]:
             self._remove_from_indices(tag, pipe)
+        settling = len(pipe.command_stack)  # the ack's own commands, before the rest
+        ended = self.ended(delivery_tags)
+        if ended and self.carries_counts:
+            pipe.execute_command("EVAL", running.FORGET, 0, *running.forget_args(ended))
         counts = counters.take() if self.carries_counts else None
-        if counts is None:
-            pipe.execute()
-            return
-        settling = len(pipe.command_stack)  # the ack's own commands, before the counts
-        counters.write(pipe, counts)
+        if counts is not None:
+            counters.write(pipe, counts)
         try:
             replies = pipe.execute(raise_on_error=False)
         except BaseException:
-            counters.give_back(counts)  # nothing ran (the MULTI/EXEC never reached Redis)
+            if counts is not None:
+                counters.give_back(counts)  # nothing ran (the MULTI/EXEC never reached Redis)
             raise
-        # A count Redis refused (a metrics key of another type) is that count's loss only: the
-        # others and the ack were applied, so neither the ack nor the counts are redone.
-        (written,) = replies[settling:]
-        if isinstance(written, Exception) or counters.refused(written):
-            logger.debug("Metric counts not all written with an ack: %s", written)
+        # A record or a count Redis refused (a key of another type) is that one's loss only:
+        # the ack was applied, so nothing is redone. A record left expires (KEEP_MS).
+        for reply in replies[settling:]:
+            if isinstance(reply, Exception) or (counts is not None and counters.refused(reply)):
+                logger.debug("Run records or metric counts not all written with an ack: %s", reply)
         for reply in replies[:settling]:
             if isinstance(reply, Exception):
                 raise reply
+        if ended and not self.carries_counts:
+            forget_elsewhere(ended)
 
     @cached_property
     def carries_counts(self) -> bool:
@@ -282,6 +295,25 @@ class ReservingQoS(kombu_redis.QoS):
     @property
     def open(self) -> bool:
         return not getattr(self.channel, "closed", True)
+
+
+def ran(message: Any, job_id: str, token: str) -> None:
+    """A delivery whose run may keep a record (DEFER_CLAIM, jobs.broker.running): the record
+    goes with the message's acknowledgement, which follows the run's outcome in the row. Until
+    then a copy of the message meets the record; after it, Redis holds no copy of the message
+    that carries `born` (jobs.broker.restore and kombu's requeue send theirs without)."""
+    qos = getattr(getattr(message, "channel", None), "qos", None)
+    if isinstance(qos, ReservingQoS):
+        qos.runs[message.delivery_tag] = (job_id, token)
+
+
+def forget_elsewhere(runs: list[tuple[str, str]]) -> None:
+    """The records of acknowledged runs, on the platform's Redis when it is not the broker's: a
+    record Redis did not drop expires (KEEP_MS)."""
+    try:
+        running.forget(runs)
+    except redis.RedisError as exc:
+        logger.debug("Run records left to expire: %s", exc)
 
 
 def ride_acks(on: bool) -> None:

@@ -22,6 +22,7 @@ import redis
 from celery import current_app
 from kombu.utils.json import dumps, loads
 
+from jobs.broker import running
 from jobs.broker.heartbeat import HEARTBEAT, WORKERS, plain_client
 from jobs.broker.protocol import BELL, BELL_CAP
 from jobs.broker.redis import redis_client
@@ -152,13 +153,18 @@ def _restore_worker(
         ids = {tag: _job_id(stored[0]) for tag, stored in messages.items()}
         duplicates = settled([i for i in ids.values() if i]) if settled is not None else set()
         argv: list[str] = [worker, str(BELL_CAP)]
+        stamped: list[str] = []
         for tag in batch:
             if tag not in messages:
                 argv += [tag, *_STALE]  # acknowledged: only the record is left
             elif ids[tag] in duplicates:
                 argv += [tag, *_DROP]
             else:
+                if running.unstamp(messages[tag][0]) and (job_id := ids[tag]):
+                    stamped.append(job_id)
                 argv += _restoring(channel, prefix, tag, *messages[tag])
+        # before the move: the holder's own copy of a job no run took must read the row too
+        running.hold_absent(stamped)
         result = script(keys=keys, args=argv)
         if int(result[0]) < 0:
             logger.info("Worker %s is back; its messages stay with it", worker)

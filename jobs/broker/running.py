@@ -12,16 +12,21 @@ deferred claim). Until a run writes its claim row, this record is what says the 
   decides, and a later delivery takes the claim path (`claimed`);
 - a failed or stopped run's end marks it `claimed` (only its own: the token must match), and
   so does a cancel of a waiting job (`hold_back`): a later delivery within KEEP_MS takes the
-  claim path, which reads the row; a success leaves it to expire (KEEP_MS past its lease: a
-  duplicate of the finished job meanwhile is dropped as `busy`, or finds the row finished), one
-  Redis call fewer per short job.
+  claim path, which reads the row;
+- the run's record goes with its message's acknowledgement (`forget`, in the ack's own
+  MULTI/EXEC or the fetch script an ack rides with: jobs.broker.reservations.ran), which
+  follows its outcome in the row; a record whose message was never acknowledged (a crash)
+  expires KEEP_MS past its lease. Redis then holds no record per finished job.
 
 A message published right after its row was written (enqueue, a fan-out) carries `born`: when
 it was sent and the job's owner. Its first delivery that finds no record, while the message is
 younger than FRESH_MS, runs without reading the row (`fresh`): the row is then known to wait
-with no attempt, since any run of the job, and any cancel, left a record that outlives the
-message's first FRESH_MS; an older message, a retry's, a relay's re-send or a delayed one reads
-the row first.
+with no attempt. Any run of the job, and any cancel, left a record that outlives the message's
+first FRESH_MS or the message itself: a record goes only with its message's acknowledgement,
+and a copy of a message going back to its queue (jobs.broker.restore's, kombu's requeue) loses
+`born` (`unstamp`), while a dead holder's own copy of a job no run took finds a claimed record
+(`hold_absent`). An older message, a retry's, a relay's re-send or a delayed one reads the row
+first.
 
 The status API, the jobs list and AsyncResult read it (`unclaimed`): a waiting row whose run
 started says running.
@@ -82,6 +87,20 @@ local function start_run(key, token, lease, keep, now)
 end
 """
 
+# A Lua function: forget_runs(flat list of record key, token, ...) drops each record that is
+# still that run's: the run's message is acknowledged (its outcome is in the row) and Redis holds
+# no copy of it any more. Shared with the fetch script (acknowledgements riding with it) and the
+# acknowledgement's MULTI/EXEC (jobs.broker.reservations).
+FORGET_FUNCTION = """
+local function forget_runs(runs)
+  for i = 1, #runs, 2 do
+    if redis.call('HGET', runs[i], 'token') == runs[i + 1] then redis.call('DEL', runs[i]) end
+  end
+end
+"""
+# ARGV: record key, token, ... (EVAL'd inside a MULTI/EXEC: no EVALSHA to miss there).
+FORGET = FORGET_FUNCTION + "forget_runs(ARGV)\nreturn 0\n"
+
 # KEYS[1] the record; ARGV: token, lease ms, keep ms.
 _START = (
     START_FUNCTION
@@ -130,6 +149,20 @@ for i, key in ipairs(KEYS) do
   if redis.call('HSETNX', key, 'token', '') == 1 then redis.call('HSET', key, 'until', 0) end
   redis.call('HSET', key, 'claimed', '1')
   redis.call('PEXPIRE', key, ARGV[1])
+end
+return #KEYS
+"""
+
+# KEYS: records of stamped messages going back to their queue from a dead holder
+# (jobs.broker.restore); ARGV[1] keep ms. Each one no run took yet becomes a claimed record, so
+# that the holder's own copy, should it wake up and run it, reads the row; a run's record is
+# left as it is (its lease decides).
+_HOLD_ABSENT = """
+for i, key in ipairs(KEYS) do
+  if redis.call('HSETNX', key, 'token', '') == 1 then
+    redis.call('HSET', key, 'until', 0, 'claimed', '1')
+    redis.call('PEXPIRE', key, ARGV[1])
+  end
 end
 return #KEYS
 """
@@ -217,12 +250,43 @@ def hold_back(job_ids: Iterable[object]) -> None:
         )
 
 
+def hold_absent(job_ids: Iterable[object]) -> None:
+    """Stamped messages of a dead holder about to go back to their queue (jobs.broker.restore):
+    a job none of whose runs started gets a claimed record, so that the holder's own copy,
+    should the holder wake up and run it, reads the row (the copy sent back carries no `born`)."""
+    ids = [str(job_id) for job_id in job_ids]
+    if ids:
+        _script(_HOLD_ABSENT)(
+            keys=[_key(job_id) for job_id in ids], args=[KEEP_MS], client=redis_client()
+        )
+
+
+def forget_args(runs: Iterable[tuple[str, str]]) -> list[str]:
+    """FORGET's arguments for (job id, token) pairs."""
+    return [arg for job_id, token in runs for arg in (_key(job_id), token)]
+
+
+def forget(runs: list[tuple[str, str]]) -> None:
+    """Drop the records of these (job id, token) runs that are still theirs: their messages
+    are acknowledged (jobs.broker.reservations, where the platform's Redis is not the broker's)."""
+    if runs:
+        redis_client().eval(FORGET, 0, *forget_args(runs))
+
+
 def born(owner_id: int | None) -> dict[str, Any]:
     """The header of a message published now, right after its row was written waiting with
     no attempt (enqueue, a fan-out): {} without DEFER_CLAIM or on RabbitMQ."""
     if not backlot_settings().DEFER_CLAIM or amqp.enabled():
         return {}
     return {BORN: [int(time.time() * 1000), owner_id]}
+
+
+def unstamp(payload: Any) -> bool:
+    """A copy of a message going back to its queue (a restore, a requeue) loses `born`: the
+    run it was stamped for may have ended and dropped its record with the acknowledgement
+    (jobs.broker.reservations.ran), so its run reads the row. Whether it was stamped."""
+    headers = payload.get("headers") if isinstance(payload, dict) else None
+    return isinstance(headers, dict) and headers.pop(BORN, None) is not None
 
 
 @dataclass(frozen=True)

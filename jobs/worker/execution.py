@@ -52,7 +52,7 @@ def run(task: Runnable, args: tuple, kwargs: dict) -> Any:
         if getattr(task.request, "_backlot_unclaimed", False):  # DEFER_CLAIM's record
             task.request._backlot_unclaimed = False
             hold = getattr(task.request, "_backlot_hold", None)
-            # a success in its one write leaves its record to expire (jobs.broker.running)
+            # a success in its one write leaves its record to its ack (reservations.ran)
             if hold is None or not hold.finished_unclaimed:
                 with contextlib.suppress(RedisError):  # it lapses; the next delivery reads the row
                     running.end(str(task.request.id), getattr(task.request, outcomes.CLAIM_TOKEN))

@@ -25,9 +25,10 @@ from celery.worker.state import task_ready
 from django.db import close_old_connections
 
 from jobs import ledger
-from jobs.broker import fetch
+from jobs.broker import fetch, reservations
 from jobs.broker.broker import backlot_priority
 from jobs.core import context, events
+from jobs.core.conf import backlot_settings
 from jobs.core.policies import TimeLimitHit
 from jobs.models import Job, JobState
 from jobs.worker import deferred, execution, finishes, outcomes
@@ -68,6 +69,9 @@ class PlatformRequest(Request):
                 request[outcomes.CLAIM_TOKEN], request[outcomes.RUN_TAKEN] = taken
             else:
                 request[outcomes.CLAIM_TOKEN] = str(uuid.uuid4())
+            if backlot_settings().DEFER_CLAIM and self._task.acks_late:
+                # its run record (jobs.broker.running) goes with the message's acknowledgement
+                reservations.ran(message, self.id, request[outcomes.CLAIM_TOKEN])
             if finishes.on():  # its success may wait to be written with others' (-P solo)
                 request[finishes.TAG] = message.delivery_tag
         # ignore_result asked by the call (the header; Backlot's slimming drops it when False),

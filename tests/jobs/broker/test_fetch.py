@@ -391,7 +391,36 @@ def test_a_deferring_worker_takes_a_stamped_messages_run_record_with_it(
             assert answer == ("ok" if case == "fresh" else "busy")
             holder = token if case == "fresh" else other
             assert raw.hget(record, "token") == holder.encode()
+            reservations.ran(message, job_id, token)  # as its request does
+
+        # when it is acknowledged (its outcome in the row)
         message.ack()
+
+        # then its own run's record goes with the acknowledgement; another run's stays
+        if case == "fresh":
+            assert not raw.exists(record)
+        elif case == "busy":
+            assert raw.hget(record, "token") == other.encode()
+
+
+def test_a_stamped_message_requeued_goes_back_without_born(
+    fetching_here: None, clean_redis: None
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    # given: a stamped message taken by a consumer
+    url = backlot_settings().REDIS_URL
+    raw = redis.Redis.from_url(url)
+    stamp = {running.BORN: [int(time.time() * 1000), None]}
+    with delivered(url, PRIORITY_TRANSPORT_OPTIONS, raw, headers=stamp) as (message, name):
+        # when it is requeued (a reject with requeue, as at a channel's close)
+        message.reject(requeue=True)
+
+        # then its copy in the queue says when it was sent no more: its run reads the row
+        (copy,) = [json.loads(m) for m in raw.lrange(name, 0, -1)]
+        assert copy["headers"]["task"] == "tests.fetch_here"
+        assert running.BORN not in copy["headers"]
+        raw.delete(name)
 
 
 def test_a_solo_workers_ack_rides_with_its_next_fetch(
@@ -427,15 +456,21 @@ def test_a_solo_workers_ack_rides_with_its_next_fetch(
             first = got[0]
             counters.carry()
             counters.add(counted, "finished")
+            # and its run's record (DEFER_CLAIM), which goes with its acknowledgement
+            run_id, token = str(uuid.uuid4()), str(uuid.uuid4())
+            assert running.start(run_id, token, 30) == "ok"
+            reservations.ran(first, run_id, token)
+            record = f"{running.PREFIX}{run_id}"
 
             # when the first is acknowledged
             first.ack()
 
-            # then it waits for the next fetch, which settles it with the counts as it takes
-            # the second message: no round trip of its own
-            assert raw.hexists("unacked", first.delivery_tag)
+            # then it waits for the next fetch, which settles it with the counts and drops its
+            # run's record as it takes the second message: no round trip of its own
+            assert raw.hexists("unacked", first.delivery_tag) and raw.exists(record)
             wait_until(lambda: _drain(connection) or len(got) > 1, timeout=20, what="the second")
             assert not raw.hexists("unacked", first.delivery_tag)
+            assert not raw.exists(record)
             assert raw.zscore("unacked_index", first.delivery_tag) is None
             assert raw.hgetall(counted) == {b"finished": b"1"}
             assert raw.hexists("unacked", got[1].delivery_tag)

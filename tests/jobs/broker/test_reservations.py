@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from typing import Any
 
 import pytest
 from celery import current_app
 
-from jobs.broker import heartbeat, restore
+from jobs.broker import heartbeat, restore, running
 from jobs.broker.heartbeat import HEARTBEAT, WORKERS
 from jobs.broker.redis import redis_client
 from jobs.broker.reservations import DROPPED, OWNERS, RESTORED
@@ -22,11 +23,13 @@ from jobs.broker.restore import restore_lost
 QUEUE = "test-reservations"
 
 
-def message(job_id: str, queue: str = QUEUE, priority: int = 0) -> dict[str, Any]:
+def message(
+    job_id: str, queue: str = QUEUE, priority: int = 0, **headers: Any
+) -> dict[str, Any]:
     """A Celery message as kombu keeps it in `unacked` (the parts the sweep reads)."""
     return {
         "body": "W1tdLCB7fSwge31d",
-        "headers": {"id": job_id, "task": "tests.noop"},
+        "headers": {"id": job_id, "task": "tests.noop", **headers},
         "properties": {
             "priority": priority,
             "delivery_tag": f"tag-{job_id}",
@@ -35,11 +38,13 @@ def message(job_id: str, queue: str = QUEUE, priority: int = 0) -> dict[str, Any
     }
 
 
-def hold(holder: str, job_id: str, queue: str = QUEUE, priority: int = 0) -> str:
+def hold(
+    holder: str, job_id: str, queue: str = QUEUE, priority: int = 0, **headers: Any
+) -> str:
     """What ReservingQoS.append writes for a message `holder` took."""
     tag = f"tag-{job_id}"
     client = redis_client()
-    payload = json.dumps([message(job_id, queue, priority), "", queue])
+    payload = json.dumps([message(job_id, queue, priority, **headers), "", queue])
     client.hset("unacked", tag, payload)
     client.zadd("unacked_index", {tag: time.time()})
     client.hset(OWNERS, tag, holder)
@@ -99,6 +104,31 @@ def test_running_or_finished_jobs_messages_are_dropped_not_restored(broker: Any)
     assert [m["headers"]["id"] for m in queued(QUEUE)] == ["waiting-job"]
     assert not any(broker.hexists("unacked", t) or broker.hexists(OWNERS, t) for t in tags)
     assert int(broker.get(DROPPED)) == 1
+
+
+def test_a_stamped_message_goes_back_unstamped_and_its_holders_own_copy_reads_the_row(
+    broker: Any,
+) -> None:
+    # given: a dead holder's two stamped messages (sent right after their rows were written):
+    # one whose run started (its record, DEFER_CLAIM), one it had only prefetched
+    born = {running.BORN: [int(time.time() * 1000), None]}
+    hold("dead:2:b/1", "started", **born)
+    hold("dead:2:b/1", "prefetched", **born)
+    token = str(uuid.uuid4())
+    assert running.start("started", token, 30) == "ok"
+
+    # when the sweep gives them back
+    assert restore_lost() == 2
+
+    # then the copies carry no `born`: whichever worker takes them reads the row first
+    assert all(running.BORN not in m["headers"] for m in queued(QUEUE))
+    # the run that started keeps its record (its lease decides: a copy meanwhile is busy)
+    assert running.start("started", str(uuid.uuid4()), 30) == "busy"
+    assert broker.hget(f"{running.PREFIX}started", "token") == token.encode()
+    # the holder's own copy of the prefetched one, should it wake up and run it, reads the
+    # row too: the job has a claimed record, which expires
+    assert running.start("prefetched", str(uuid.uuid4()), 30) == "claimed"
+    assert 0 < broker.pttl(f"{running.PREFIX}prefetched") <= running.KEEP_MS
 
 
 def test_a_message_another_holder_took_since_is_not_touched(broker: Any) -> None:

@@ -22,6 +22,7 @@ from django.test import override_settings
 
 import jobs
 from config.celery import app as celery_app
+from jobs.broker import running
 from jobs.broker.redis import redis_client
 from jobs.models import Job, JobState
 from tests.conftest import wait_until
@@ -40,6 +41,11 @@ def succeeded_after(
     assert (job.state, job.attempts, job.crashes) == (JobState.SUCCEEDED, attempts, crashes)
     assert runs(run_id) == Counter({0: attempts})
     return job
+
+
+def run_records(private_redis: Any, ids: list[str]) -> int:
+    """How many of these jobs' runs have a record in Redis (jobs.broker.running)."""
+    return sum(private_redis.client.exists(f"{running.PREFIX}{i}") for i in ids)
 
 
 @pytest.fixture
@@ -109,6 +115,13 @@ def test_a_short_job_writes_its_row_once_with_the_claim_deferred(
         assert job.started_at <= job.finished_at
         assert job.result == item and job.lease_expires_at is None
     assert updates_per_job(ids) == Counter(dict.fromkeys(ids, writes))
+    # and once their messages are acknowledged, Redis keeps nothing of their runs
+    wait_until(
+        lambda: private_redis.unacked() == 0 and run_records(private_redis, ids) == 0,
+        timeout=10,
+        interval=0.05,
+        what="the acknowledgements and their runs' records to go",
+    )
 
 
 def test_a_job_that_outlives_its_first_interval_writes_its_claim_then(
@@ -363,8 +376,9 @@ def test_a_solo_workers_successes_are_written_together_and_their_messages_acked_
     ids = client_procs.enqueue("quick", run_id, 3)
     wait_succeeded_lines(worker, 3)
 
-    # then their rows still wait, their status says running, and their messages are held
-    # (unacknowledged) until the successes are written
+    # then their rows still wait, their status says running (their runs' records), and their
+    # messages are held (unacknowledged) until the successes are written
+    assert run_records(private_redis, ids) == 3
     with override_settings(REDIS_URL=private_redis.url, BACKLOT=backlot):
         redis_client.cache_clear()
         try:
@@ -382,6 +396,7 @@ def test_a_solo_workers_successes_are_written_together_and_their_messages_acked_
     # then the four rows are written, once each, and the four messages acknowledged
     wait_finished(ids, timeout=30, what="the four jobs")
     wait_until(lambda: private_redis.unacked() == 0, timeout=10, interval=0.05, what="the acks")
+    assert run_records(private_redis, ids) == 0  # their records went with the acks
     assert runs(run_id) == Counter(dict.fromkeys(range(4), 1))
     assert updates_per_job(ids) == Counter(dict.fromkeys(ids, 1))
     rows = {str(j.id): j for j in Job.objects.filter(id__in=ids)}
