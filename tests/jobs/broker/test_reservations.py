@@ -111,7 +111,7 @@ def test_a_stamped_message_goes_back_unstamped_and_its_holders_own_copy_reads_th
 ) -> None:
     # given: a dead holder's two stamped messages (sent right after their rows were written):
     # one whose run started (its record, DEFER_CLAIM), one it had only prefetched
-    born = {running.BORN: [int(time.time() * 1000), None]}
+    born: dict[str, Any] = {running.BORN: [int(time.time() * 1000), None]}
     hold("dead:2:b/1", "started", **born)
     hold("dead:2:b/1", "prefetched", **born)
     token = str(uuid.uuid4())
