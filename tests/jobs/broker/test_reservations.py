@@ -23,9 +23,7 @@ from jobs.broker.restore import restore_lost
 QUEUE = "test-reservations"
 
 
-def message(
-    job_id: str, queue: str = QUEUE, priority: int = 0, **headers: Any
-) -> dict[str, Any]:
+def message(job_id: str, queue: str = QUEUE, priority: int = 0, **headers: Any) -> dict[str, Any]:
     """A Celery message as kombu keeps it in `unacked` (the parts the sweep reads)."""
     return {
         "body": "W1tdLCB7fSwge31d",
@@ -38,9 +36,7 @@ def message(
     }
 
 
-def hold(
-    holder: str, job_id: str, queue: str = QUEUE, priority: int = 0, **headers: Any
-) -> str:
+def hold(holder: str, job_id: str, queue: str = QUEUE, priority: int = 0, **headers: Any) -> str:
     """What ReservingQoS.append writes for a message `holder` took."""
     tag = f"tag-{job_id}"
     client = redis_client()
