@@ -298,8 +298,8 @@ class ReservingQoS(kombu_redis.QoS):
 
 
 def ran(message: Any, job_id: str, token: str) -> None:
-    """A delivery whose run may keep a record (DEFER_CLAIM, jobs.broker.running): the record
-    goes with the message's acknowledgement, which follows the run's outcome in the row. Until
+    """A delivery whose run may keep a record (DEFER_CLAIM, jobs.broker.running): a short
+    success's record goes with the message's acknowledgement, which follows its row's write. Until
     then a copy of the message meets the record; after it, Redis holds no copy of the message
     that carries `born` (jobs.broker.restore and kombu's requeue send theirs without)."""
     qos = getattr(getattr(message, "channel", None), "qos", None)

@@ -13,16 +13,17 @@ deferred claim). Until a run writes its claim row, this record is what says the 
 - a failed or stopped run's end marks it `claimed` (only its own: the token must match), and
   so does a cancel of a waiting job (`hold_back`): a later delivery within KEEP_MS takes the
   claim path, which reads the row;
-- the run's record goes with its message's acknowledgement (`forget`, in the ack's own
-  MULTI/EXEC or the fetch script an ack rides with: jobs.broker.reservations.ran), which
-  follows its outcome in the row; a record whose message was never acknowledged (a crash)
-  expires KEEP_MS past its lease. Redis then holds no record per finished job.
+- a short success's record (unclaimed: its one write is in the row) goes with its message's
+  acknowledgement (`forget`, in the ack's own MULTI/EXEC or the fetch script an ack rides
+  with: jobs.broker.reservations.ran); the rest, and a record whose message was never
+  acknowledged (a crash), expire KEEP_MS past their lease. Redis then holds no record per
+  short job that succeeded.
 
 A message published right after its row was written (enqueue, a fan-out) carries `born`: when
 it was sent and the job's owner. Its first delivery that finds no record, while the message is
 younger than FRESH_MS, runs without reading the row (`fresh`): the row is then known to wait
 with no attempt. Any run of the job, and any cancel, left a record that outlives the message's
-first FRESH_MS or the message itself: a record goes only with its message's acknowledgement,
+first FRESH_MS or the message itself: a record goes early only with its message's ack,
 and a copy of a message going back to its queue (jobs.broker.restore's, kombu's requeue) loses
 `born` (`unstamp`), while a dead holder's own copy of a job no run took finds a claimed record
 (`hold_absent`). An older message, a retry's, a relay's re-send or a delayed one reads the row
@@ -88,13 +89,16 @@ end
 """
 
 # A Lua function: forget_runs(flat list of record key, token, ...) drops each record that is
-# still that run's: the run's message is acknowledged (its outcome is in the row) and Redis holds
-# no copy of it any more. Shared with the fetch script (acknowledgements riding with it) and the
+# still that run's and unclaimed (a short success's: its one write is in the row): its message
+# is acknowledged, and Redis holds no copy of it any more. A claimed record (a failure's end, a
+# claim written, a cancel) stays until it expires: the job's next delivery takes the claim path,
+# as before. Shared with the fetch script (acknowledgements riding with it) and the
 # acknowledgement's MULTI/EXEC (jobs.broker.reservations).
 FORGET_FUNCTION = """
 local function forget_runs(runs)
   for i = 1, #runs, 2 do
-    if redis.call('HGET', runs[i], 'token') == runs[i + 1] then redis.call('DEL', runs[i]) end
+    local v = redis.call('HMGET', runs[i], 'token', 'claimed')
+    if v[1] == runs[i + 1] and v[2] ~= '1' then redis.call('DEL', runs[i]) end
   end
 end
 """
@@ -267,8 +271,9 @@ def forget_args(runs: Iterable[tuple[str, str]]) -> list[str]:
 
 
 def forget(runs: list[tuple[str, str]]) -> None:
-    """Drop the records of these (job id, token) runs that are still theirs: their messages
-    are acknowledged (jobs.broker.reservations, where the platform's Redis is not the broker's)."""
+    """Drop the records of these (job id, token) runs that are still theirs and unclaimed:
+    their messages are acknowledged (jobs.broker.reservations, where the platform's Redis is
+    not the broker's)."""
     if runs:
         redis_client().eval(FORGET, 0, *forget_args(runs))
 

@@ -358,7 +358,7 @@ def test_an_ack_carrying_counts_survives_a_count_that_redis_refuses(
         assert raw.get(broken) == b"not a hash"
 
 
-@pytest.mark.parametrize("case", ["fresh", "busy", "unstamped"])
+@pytest.mark.parametrize("case", ["fresh", "busy", "unstamped", "failed"])
 def test_a_deferring_worker_takes_a_stamped_messages_run_record_with_it(
     fetching_here: None, clean_redis: None, monkeypatch: pytest.MonkeyPatch, case: str
 ) -> None:
@@ -388,19 +388,24 @@ def test_a_deferring_worker_takes_a_stamped_messages_run_record_with_it(
             assert taken is None and not raw.exists(record)
         else:
             token, answer = taken
-            assert answer == ("ok" if case == "fresh" else "busy")
-            holder = token if case == "fresh" else other
+            assert answer == ("busy" if case == "busy" else "ok")
+            holder = other if case == "busy" else token
             assert raw.hget(record, "token") == holder.encode()
             reservations.ran(message, job_id, token)  # as its request does
+            if case == "failed":
+                running.end(job_id, token)  # a run that did not succeed in its one write
 
         # when it is acknowledged (its outcome in the row)
         message.ack()
 
-        # then its own run's record goes with the acknowledgement; another run's stays
+        # then its own short success's record goes with the acknowledgement; another run's
+        # stays, and so does a claimed one (the job's next delivery takes the claim path)
         if case == "fresh":
             assert not raw.exists(record)
         elif case == "busy":
             assert raw.hget(record, "token") == other.encode()
+        elif case == "failed":
+            assert raw.hget(record, "claimed") == b"1"
 
 
 def test_a_stamped_message_requeued_goes_back_without_born(
