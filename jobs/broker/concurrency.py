@@ -11,11 +11,10 @@ messages for re-publishing. So at most `limit` jobs per second reach the workers
 wait: re-sent jobs never stampede, and a tenant's backlog waits in its own list, not in the
 queue in front of other tenants' jobs.
 
-A concurrency slot is a member of ``backlot:conc:<name>`` (job id -> lease expiry, in Redis'
-clock). It is renewed with the job's lease (jobs.worker.lease), released when the job ends, and
-lapses with the lease when the worker died; every script drops lapsed members before it counts.
-All decisions are Lua scripts reading Redis' own clock, atomic across hosts.
-"""
+A concurrency slot is a member of ``backlot:conc:<name>`` (job id -> lease expiry, Redis'
+clock), renewed with the job's lease (jobs.worker.lease), released when the job ends, lapsed
+with the lease when the worker died (every script drops lapsed members before it counts). All
+decisions are Lua scripts reading Redis' own clock, atomic across hosts."""
 
 from __future__ import annotations
 
