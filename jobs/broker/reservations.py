@@ -59,10 +59,11 @@ _riding = {"on": False}
 
 class HeldAcks:
     """Acknowledgements held until their job's success is written (jobs.worker.finishes: a
-    `-P solo` worker writes several short successes in one statement). A held message leaves
-    the channel's prefetch count at its ack, but stays in `unacked` (and this holder's) until
-    it is released; then it rides with the next fetch. Thread-safe: a success may be written
-    by another thread than the event loop's."""
+    worker writes several short successes in one statement). A held message leaves the
+    channel's prefetch count at its ack, but stays in `unacked` (and this holder's) until it is
+    released; then it rides with the next fetch (-P solo) or the next ack (prefork), or is
+    settled within two RIDE_WAIT rounds. Thread-safe: a success may be written by another
+    thread than the event loop's."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -143,16 +144,19 @@ class ReservingQoS(kombu_redis.QoS):
         return None
 
     def ack(self, delivery_tag: str) -> None:
-        riding = _riding["on"] and self._riding()
-        if not riding:
-            self._settle(delivery_tag)
-        elif not held_acks.park(delivery_tag):  # a held one is settled once released
+        later = self._riding()
+        if later and held_acks.park(delivery_tag):
+            pass  # held until its success is written: settled once released
+        elif later and _riding["on"]:
             self.riding.append(delivery_tag)
+        else:  # with those released since the last ack (a prefork worker's held ones)
+            self._settle(delivery_tag, *self.take_riding())
         virtual.QoS.ack(self, delivery_tag)  # out of the channel's prefetch count
 
     def _riding(self) -> bool:
-        """Whether an acknowledgement may wait for the channel's next fetch (RIDE_WAIT): not
-        off the event loop's thread, nor with no event loop."""
+        """Whether an acknowledgement may wait (for the channel's next fetch, RIDE_WAIT, or for
+        its success's write, HeldAcks): not off the event loop's thread, nor with no event
+        loop."""
         if threading.current_thread() is not threading.main_thread():
             return False
         if self._ride_timer is None:

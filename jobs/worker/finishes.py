@@ -1,12 +1,15 @@
-"""A `-P solo` worker's short successes, written together (DEFER_CLAIM; SUCCESS_BATCH).
+"""A worker's short successes, written together (DEFER_CLAIM; SUCCESS_BATCH).
 
 A short job that ran without writing its claim (jobs.ledger.deferred) ends in one UPDATE, and
 a solo worker running such jobs one after another spent about half its time on it (py-spy,
 benchmarks/README.md, stop 44). Here the success waits, and so does its message's
 acknowledgement (jobs.broker.reservations.HeldAcks); the successes of several runs are written
-in one statement (jobs.ledger.succeed_unclaimed_many):
+in one statement (jobs.ledger.succeed_unclaimed_many). A prefork pool process writes none: it
+hands its run's success back to the worker's main process with the run's end (`HandedBack`,
+in the return value's repr Celery sends back), which writes them as a solo worker does:
 
-- as soon as SUCCESS_BATCH of them wait, by the run that made them so many;
+- as soon as SUCCESS_BATCH of them wait, by the run that made them so many (-P solo; in a
+  prefork main process, by the thread below, so that its event loop never waits on the write);
 - SUCCESS_BATCH_SECONDS after the first of them ended, by a thread of this module's (the event
   loop's thread may be busy with a longer job by then);
 - before the channel gives back what it holds (a warm shutdown: HeldAcks.before_restore).
@@ -22,8 +25,10 @@ its delivery read it (cancelled, claimed by another run) is not written, and cou
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,34 +60,27 @@ class Finishes:
     """The successes waiting to be written in one worker process, and the thread that writes
     them when no run did within `wait` seconds."""
 
-    def __init__(self, size: int, wait: float) -> None:
+    def __init__(self, size: int, wait: float, *, inline: bool = True) -> None:
         self.size, self.wait = size, wait
+        self.inline = inline  # a full batch is written by the run that filled it
+        self.pid = os.getpid()  # the worker's main process (a pool process inherits this)
         self.lock = threading.Condition()
         self.waiting: list[_Waiting] = []
         self.deadline: float | None = None  # when the thread writes (None: not due)
         self.thread: threading.Thread | None = None
         self.writing = threading.Lock()  # one write at a time, in whichever thread
 
-    def add(
-        self, deferred: DeferredClaim, run_seconds: float, result: Any, attempt: int, tag: str
-    ) -> bool:
+    def add(self, deferred: DeferredClaim, success: ledger.Success, attempt: int, tag: str) -> bool:
         """A run's success, to be written with others; its message's ack waits for it."""
         held_acks.hold(tag)
-        success = ledger.Success(
-            deferred.job_id,
-            deferred.attempts,
-            deferred.lease_owner,
-            deferred.started,
-            timezone.now(),
-            run_seconds,
-            result,
-        )
         with self.lock:
             self.waiting.append(_Waiting(deferred, success, attempt, tag))
             full = len(self.waiting) >= self.size
-            if not full and self.deadline is None:
+            if full and not self.inline:
+                self._due(time.monotonic())
+            elif not full and self.deadline is None:
                 self._due(time.monotonic() + self.wait)
-        if full:
+        if full and self.inline:
             self.write()
         return True
 
@@ -167,12 +165,13 @@ def _written_alone(waiting: _Waiting, *, tried: bool) -> bool | None:
 _finishes: dict[str, Finishes] = {}
 
 
-def install(*, size: int, wait: float) -> None:
-    """In a `-P solo` worker's main process (worker_init): its short successes are written
-    together, up to `size` at a time and `wait` seconds after the first; off for `size` 1."""
+def install(*, size: int, wait: float, inline: bool = True) -> None:
+    """In a worker's main process (worker_init), `-P solo` or prefork: its short successes are
+    written together, up to `size` at a time and `wait` seconds after the first; off for `size`
+    1. `inline`: a full batch is written by the run that filled it (-P solo)."""
     _finishes.pop("on", None)
     if size > 1:
-        finishes = _finishes["on"] = Finishes(size, wait)
+        finishes = _finishes["on"] = Finishes(size, wait, inline=inline)
         held_acks.before_restore.append(finishes.write)
 
 
@@ -184,8 +183,94 @@ def succeed(
     deferred: DeferredClaim, run_seconds: float, result: Any, attempt: int, tag: str | None
 ) -> bool:
     """A deferred run's success: to be written with others where this worker writes them so
-    (its message's `tag` known), else written now. False when its row refused it."""
+    (its message's `tag` known), else written now. False when its row refused it. In a prefork
+    pool process it is handed back to the main process (`hand_back`), which writes it."""
     finishes = _finishes.get("on")
-    if finishes is None or tag is None:
+    if tag is None or (finishes is None and not _hand["on"]):
         return deferred.succeed(run_seconds, result)
-    return finishes.add(deferred, run_seconds, result, attempt, tag)
+    success = ledger.Success(
+        deferred.job_id,
+        deferred.attempts,
+        deferred.lease_owner,
+        deferred.started,
+        timezone.now(),
+        run_seconds,
+        result,
+    )
+    if finishes is None:
+        _handing[:] = [(deferred, success, attempt)]
+        return True
+    return finishes.add(deferred, success, attempt, tag)
+
+
+# In a prefork pool process (`hand_back`): the success of the run it is in, for its main
+# process to write.
+_hand = {"on": False}
+_handing: list[tuple[DeferredClaim, ledger.Success, int]] = []
+
+
+class HandedBack(str):
+    """The repr of a run's return value, which Celery sends from the pool process to the main
+    process (and logs), with the run's success for the main process to write (`handed`)."""
+
+    handed: tuple[DeferredClaim, ledger.Success, int]
+
+    def __new__(cls, text: str, handed: tuple[DeferredClaim, ledger.Success, int]) -> HandedBack:
+        self = super().__new__(cls, text)
+        self.handed = handed
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (HandedBack, (str(self), self.handed))
+
+
+Trace = Callable[..., tuple[Any, Any, Any, Any]]
+
+
+def hand_back(tasks: dict[str, Any]) -> None:
+    """In a prefork pool process (worker_process_init): the successes its runs leave unwritten
+    (their requests carry the message's tag when the main process writes them together) go
+    back with the runs' ends. Celery's tracer returns (result, failure, runtime, repr); the
+    repr is what reaches the main process for a success, so it carries the success."""
+    mine = _finishes.get("on")
+    if mine is not None and mine.pid == os.getpid():
+        return  # the worker's main process (-P solo sends worker_process_init too)
+    _finishes.pop("on", None)  # the main process's, inherited through fork
+    _hand["on"] = True
+    for task in tasks.values():
+        traced = getattr(task, "__trace__", None)
+        if getattr(task, "track", False) and traced is not None:
+            task.__trace__ = _handing_back(traced)
+
+
+def _handing_back(trace: Trace) -> Trace:
+    def traced(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+        _handing.clear()
+        result, failure, runtime, text = trace(*args, **kwargs)
+        if _handing:
+            handed = _handing.pop()
+            if failure is None:
+                return result, failure, runtime, HandedBack(text, handed)
+            try:  # it failed after its success (a hook or signal raised): written here
+                handed[0].succeed(handed[1].run_seconds, handed[1].result)
+            except Exception:
+                logger.exception("Job %s: its success could not be written", handed[0].job_id)
+        return result, failure, runtime, text
+
+    return traced
+
+
+def handed(retval: Any, tag: str | None) -> Any:
+    """In the main process, a pool process's run that ended: its success, if it handed one
+    back, waits to be written with others (its message's ack with it). Celery's own repr of
+    the return value is what goes on."""
+    if not isinstance(retval, HandedBack):
+        return retval
+    deferred, success, attempt = retval.handed
+    finishes = _finishes.get("on")
+    if finishes is None or tag is None:  # not written together here: written now
+        if not deferred.succeed(success.run_seconds, success.result):
+            refused("succeed", deferred.job_id, attempt)
+    else:
+        finishes.add(deferred, success, attempt, tag)
+    return str(retval)

@@ -55,6 +55,24 @@ class PlatformRequest(Request):
     _already_cancelled: bool
     _already_revoked: bool
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Celery's worker subclasses the task's Request class for each task
+        (celery.worker.request.create_request_cls) with an on_success of its own, which acks
+        the message: a success a pool process handed back unwritten waits to be written first
+        (jobs.worker.finishes.handed holds its ack), and Celery sees its usual repr."""
+        super().__init_subclass__(**kwargs)
+        celery_on_success = cls.__dict__.get("on_success")
+        if celery_on_success is None:
+            return
+
+        def on_success(self: PlatformRequest, failed__retval__runtime: Any, **kw: Any) -> Any:
+            failed, retval, runtime = failed__retval__runtime
+            if not failed:
+                retval = finishes.handed(retval, self._request_dict.get(finishes.TAG))
+            return celery_on_success(self, (failed, retval, runtime), **kw)
+
+        cls.on_success = on_success  # type: ignore[method-assign,assignment]
+
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
         # The task reads the priority it was sent with on Backlot's 0-9 scale, 9 first, as a

@@ -79,9 +79,12 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
         inline = _inline(sender)
         settings = backlot_settings()
         fetching = fetch.install(runs=settings.DEFER_CLAIM and inline, inline=inline)
-        # ... and writes its short successes together, acknowledged once written
-        if settings.DEFER_CLAIM and inline and fetching:
-            finishes.install(size=settings.SUCCESS_BATCH, wait=settings.SUCCESS_BATCH_SECONDS)
+        # ... and writes its short successes together, acknowledged once written (a prefork
+        # pool process hands its back to the main process: hand_back_successes)
+        if settings.DEFER_CLAIM and fetching and (inline or _pool_is(sender, prefork.TaskPool)):
+            finishes.install(
+                size=settings.SUCCESS_BATCH, wait=settings.SUCCESS_BATCH_SECONDS, inline=inline
+            )
 
 
 def _inline(sender: Any) -> bool:
@@ -89,8 +92,12 @@ def _inline(sender: Any) -> bool:
     message it fetches starts at once, so its run record may be taken by the fetch (a thread
     pool's prefetched messages wait in its queue, and a record taken then would say running
     and count a crash for a job that never started)."""
+    return _pool_is(sender, solo.TaskPool)
+
+
+def _pool_is(sender: Any, kind: type) -> bool:
     pool = concurrency.get_implementation(sender.pool_cls)
-    return isinstance(pool, type) and issubclass(pool, solo.TaskPool)
+    return isinstance(pool, type) and issubclass(pool, kind)
 
 
 @worker_init.connect
@@ -111,8 +118,7 @@ def watch_pool_runs(sender: Any = None, **kwargs: Any) -> None:
     controller = getattr(sender, "controller", None)  # the consumer's worker
     if controller is None or not backlot_settings().DEFER_CLAIM or not lists_held_messages():
         return
-    pool = concurrency.get_implementation(controller.pool_cls)
-    if isinstance(pool, type) and issubclass(pool, prefork.TaskPool):
+    if _pool_is(controller, prefork.TaskPool):
         deferred.PoolRuns(_pool_runs, backlot_settings().LEASE_SECONDS).start()
 
 
@@ -162,6 +168,13 @@ def keep_worker_heartbeat(sender: Any = None, **kwargs: Any) -> None:
 def leave_presence(**kwargs: Any) -> None:
     """The worker stops: the cockpit stops listing it now, not a heartbeat's TTL later."""
     heartbeat.leave()
+
+
+@worker_process_init.connect
+def hand_back_successes(**kwargs: Any) -> None:
+    """A prefork pool process's short successes go back to the main process unwritten, when it
+    writes them together (jobs.worker.finishes.hand_back)."""
+    finishes.hand_back(current_app.tasks)
 
 
 @worker_process_init.connect

@@ -50,7 +50,9 @@ def run_ended(finishes: Finishes, acked: bool = True) -> tuple[str, str]:
     acknowledges once the task returned), unless `acked` is False. Its job id and tag."""
     job_id, tag = str(uuid.uuid4()), str(uuid.uuid4())
     deferred = DeferredClaim(job_id, 0, str(uuid.uuid4()), datetime.now(UTC), 30.0)
-    assert finishes.add(deferred, 0.001, None, 1, tag)
+    now = datetime.now(UTC)
+    success = ledger.Success(job_id, 0, deferred.lease_owner, now, now, 0.001)
+    assert finishes.add(deferred, success, 1, tag)
     if acked:
         held_acks.park(tag)  # held (True) unless its success was written already
     return job_id, tag

@@ -363,12 +363,17 @@ def wait_succeeded_lines(worker: Any, count: int) -> None:
     )
 
 
-def test_a_solo_workers_successes_are_written_together_and_their_messages_acked_then(
-    private_redis, start_fault_worker, client_procs, run_id, updates_per_job, admin_client
+POOLS = pytest.mark.parametrize("pool", ["solo", "prefork"])
+
+
+@POOLS
+def test_a_workers_successes_are_written_together_and_their_messages_acked_then(
+    pool, private_redis, start_fault_worker, client_procs, run_id, updates_per_job, admin_client
 ):
-    # given a solo worker that writes its short successes four at a time
+    # given a worker that writes its short successes four at a time: a solo worker, or a
+    # prefork one whose pool processes hand theirs back to its main process
     worker = start_fault_worker(
-        "batch", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1", **WAITING
+        "batch", pool=pool, concurrency=2, BACKLOT_DEFER_CLAIM="1", **WAITING
     )
     backlot = {**settings.BACKLOT, "REDIS_URL": private_redis.url, "DEFER_CLAIM": True}
 
@@ -408,12 +413,13 @@ def test_a_solo_workers_successes_are_written_together_and_their_messages_acked_
     assert first_end is not None and last_start is not None and first_end < last_start
 
 
+@POOLS
 def test_a_warm_shutdown_writes_the_waiting_successes_before_it_stops(
-    private_redis, start_fault_worker, client_procs, run_id
+    pool, private_redis, start_fault_worker, client_procs, run_id
 ):
-    # given a solo worker holding three successes it has not written
+    # given a worker holding three successes it has not written
     worker = start_fault_worker(
-        "batch-stop", pool="solo", concurrency=1, BACKLOT_DEFER_CLAIM="1", **WAITING
+        "batch-stop", pool=pool, concurrency=2, BACKLOT_DEFER_CLAIM="1", **WAITING
     )
     ids = client_procs.enqueue("quick", run_id, 3)
     wait_succeeded_lines(worker, 3)
@@ -429,13 +435,14 @@ def test_a_warm_shutdown_writes_the_waiting_successes_before_it_stops(
     assert runs(run_id) == Counter(dict.fromkeys(range(3), 1))
 
 
+@POOLS
 def test_a_worker_killed_with_successes_unwritten_runs_their_jobs_again(
-    private_redis, start_fault_worker, client_procs, run_id
+    pool, private_redis, start_fault_worker, client_procs, run_id
 ):
-    # given a solo worker holding two successes it has not written (3 s leases: their run
-    # records lapse soon), and the relay
+    # given a worker holding two successes it has not written (3 s leases: their run records
+    # lapse soon), and the relay
     lease = {"BACKLOT_DEFER_CLAIM": "1", "BACKLOT_LEASE_SECONDS": "3"}
-    first = start_fault_worker("batch-kill", pool="solo", concurrency=1, **lease, **WAITING)
+    first = start_fault_worker("batch-kill", pool=pool, concurrency=2, **lease, **WAITING)
     client_procs.start_relay()
     ids = client_procs.enqueue("quick", run_id, 2)
     wait_succeeded_lines(first, 2)
