@@ -175,3 +175,24 @@ def test_a_claim_and_a_finish_are_hot_updates(clean_redis):
 
     # then at least 90 % of jobs_job's UPDATEs were HOT (no index entry written)
     assert hot_share(before, update_counts()) >= 0.9
+
+
+@pytest.mark.django_db(transaction=True)
+def test_successes_written_together_are_hot_updates(clean_redis):
+    # given 64 jobs enqueued through the public API, one at a time (their rows share pages)
+    handles = [tasks.prioritized.enqueue("k", f"together{n}") for n in range(64)]
+    before = update_counts()
+
+    # when a worker writes their short successes together, 32 in one UPDATE (jobs.worker.
+    # finishes: each page's rows get their new versions in one transaction)
+    now = timezone.now()
+    successes = [ledger.Success(str(h.id), 0, str(uuid.uuid4()), now, now, 0.01) for h in handles]
+    for first in (0, 32):
+        assert ledger.succeed_unclaimed_many(successes[first : first + 32]) == {
+            s.job_id for s in successes[first : first + 32]
+        }
+
+    # then each succeeded, and at least 90 % of the UPDATEs were HOT (the page kept room)
+    rows = Job.objects.filter(id__in=[h.id for h in handles])
+    assert set(rows.values_list("state", flat=True)) == {JobState.SUCCEEDED}
+    assert hot_share(before, update_counts()) >= 0.9
