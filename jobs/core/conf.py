@@ -124,10 +124,11 @@ class BacklotSettings:
     # a batch or behind a rate or concurrency gate (they claim as before). On by default;
     # False writes every run's claim before it starts (docs/reliability.md).
     DEFER_CLAIM: bool = True
-    # A -P solo worker writes the successes of its short runs (DEFER_CLAIM) together, up to
-    # this many in one statement, each at most SUCCESS_BATCH_SECONDS after its run ended; a
-    # message is acknowledged once its success is written (jobs.worker.finishes). 1 writes
-    # each success as its run ends.
+    # A -P solo or prefork worker writes the successes of its short runs (DEFER_CLAIM) together
+    # (a prefork pool process hands its back to the main process), up to this many in one
+    # statement, each at most SUCCESS_BATCH_SECONDS after its run ended; a message is
+    # acknowledged once its success is written (jobs.worker.finishes). 1 writes each success
+    # as its run ends.
     SUCCESS_BATCH: int = 32
     SUCCESS_BATCH_SECONDS: float = 0.02
     # A prefork pool process writes its jobs' metric counts at most this long (s) after a finish,
