@@ -118,6 +118,13 @@ class Finishes:
                     released.append(waiting.tag)
             held_acks.release(released)
 
+    def write_at_close(self) -> None:
+        """As the channel closes (a warm shutdown), in the event loop's thread: its connection
+        may have idled since its last job (a prefork main process's), so a broken one is
+        replaced first."""
+        close_old_connections()
+        self.write()
+
     def _due(self, when: float) -> None:
         """The thread writes at `when` (or earlier, if it was due earlier); under the lock."""
         if self.deadline is not None and self.deadline <= when:
@@ -172,7 +179,7 @@ def install(*, size: int, wait: float, inline: bool = True) -> None:
     _finishes.pop("on", None)
     if size > 1:
         finishes = _finishes["on"] = Finishes(size, wait, inline=inline)
-        held_acks.before_restore.append(finishes.write)
+        held_acks.before_restore.append(finishes.write_at_close)
 
 
 def on() -> bool:
