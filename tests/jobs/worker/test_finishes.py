@@ -1,11 +1,15 @@
 """jobs.worker.finishes in process, its ledger write replaced (our own collaborator): a solo
 worker's successes wait until the batch is full or its time is up, are written in one call,
 and only then let their messages' acknowledgements go (jobs.broker.reservations.HeldAcks); a
-database away keeps them waiting and held; a row the write refused is counted refused."""
+database away keeps them waiting and held; a row the write refused is counted refused. A
+prefork pool process hands its success back with its run's end, and the main process batches
+it; a run that fails after its success writes it where it ran; a solo worker hands nothing
+back."""
 
 from __future__ import annotations
 
 import logging
+import pickle
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +20,7 @@ from django.db import OperationalError
 from jobs import ledger
 from jobs.broker.reservations import held_acks
 from jobs.testing import wait_until
+from jobs.worker import finishes
 from jobs.worker.deferred import DeferredClaim
 from jobs.worker.finishes import Finishes
 
@@ -126,3 +131,89 @@ def test_a_row_the_write_refused_is_counted_refused_and_its_message_acknowledged
         run_ended(finishes, acked=False)
     assert f"Job {kept}: run of attempt 1 lost its claim; its succeed was refused" in caplog.text
     assert held_acks.take_released() == [kept_tag]
+
+
+class Traced:
+    """A tracked task as a prefork pool process holds it: its tracer (Celery's build_tracer
+    stands in for) runs the job, whose success (outcomes.succeeded) goes to finishes.succeed;
+    it ends as told: succeeded (Celery's repr of the return value) or failed after it."""
+
+    track = True
+
+    def __init__(self, deferred: DeferredClaim, tag: str, failure: Any = None) -> None:
+        self.deferred, self.tag, self.failure = deferred, tag, failure
+        self.__trace__ = self._trace
+
+    def _trace(self, *args: Any) -> tuple[Any, Any, Any, Any]:
+        assert finishes.succeed(self.deferred, 0.002, {"sent": 1}, 1, self.tag)
+        return {"sent": 1}, self.failure, 0.002, "{'sent': 1}"
+
+
+@pytest.fixture
+def pool_process(monkeypatch) -> None:
+    """This process as a prefork pool process: the main process's batch inherited, not its."""
+    monkeypatch.setattr(finishes, "_finishes", {})
+    monkeypatch.setattr(finishes, "_hand", {"on": False})
+    monkeypatch.setattr(finishes, "_handing", [])
+    monkeypatch.setattr(held_acks, "before_restore", [])
+
+
+def test_a_pool_processs_success_goes_back_with_its_end_and_waits_in_the_main_process(
+    writes, pool_process
+):
+    # given a prefork pool process handing its successes back, and a tracked task's run
+    job_id, tag = str(uuid.uuid4()), str(uuid.uuid4())
+    deferred = DeferredClaim(job_id, 0, str(uuid.uuid4()), datetime.now(UTC), 30.0)
+    task = Traced(deferred, tag)
+    finishes.hand_back({"job": task})
+
+    # when it succeeds: nothing is written there, and its end carries the success
+    _, failure, _, text = task.__trace__("id", (), {}, {})
+    assert failure is None and writes.calls == []
+    sent = pickle.loads(pickle.dumps(text))  # as billiard sends it to the main process
+    assert sent == "{'sent': 1}" and isinstance(sent, finishes.HandedBack)
+
+    # when the main process (which writes its successes together) receives it
+    finishes._finishes["on"] = Finishes(2, 600, inline=False)
+    shown = finishes.handed(sent, tag)
+
+    # then Celery sees its repr, the success waits for the batch and holds its message's ack
+    assert type(shown) is str and shown == "{'sent': 1}"
+    assert [w.success.job_id for w in finishes._finishes["on"].waiting] == [job_id]
+    assert finishes._finishes["on"].waiting[0].success.result == {"sent": 1}
+    assert held_acks.park(tag) is True
+    assert writes.calls == []
+
+
+def test_a_run_that_fails_after_its_success_writes_the_success_in_the_pool_process(
+    writes, pool_process, monkeypatch
+):
+    written: list[tuple[str, Any]] = []
+    monkeypatch.setattr(
+        DeferredClaim,
+        "succeed",
+        lambda self, seconds, result: written.append((self.job_id, result)),
+    )
+    job_id = str(uuid.uuid4())
+    deferred = DeferredClaim(job_id, 0, str(uuid.uuid4()), datetime.now(UTC), 30.0)
+    task = Traced(deferred, str(uuid.uuid4()), failure=RuntimeError("a task_success receiver"))
+    finishes.hand_back({"job": task})
+
+    _, failure, _, text = task.__trace__("id", (), {}, {})
+
+    assert failure is not None and not isinstance(text, finishes.HandedBack)
+    assert written == [(job_id, {"sent": 1})]
+
+
+def test_a_solo_worker_hands_nothing_back(writes, pool_process):
+    # given a -P solo worker's own batch (Celery's solo pool sends worker_process_init too)
+    finishes.install(size=4, wait=600)
+    job_id, tag = str(uuid.uuid4()), str(uuid.uuid4())
+    deferred = DeferredClaim(job_id, 0, str(uuid.uuid4()), datetime.now(UTC), 30.0)
+    task = Traced(deferred, tag)
+    finishes.hand_back({"job": task})
+
+    # when a job succeeds: its success waits in this process's batch, handed to nobody
+    _, _, _, text = task.__trace__("id", (), {}, {})
+    assert not isinstance(text, finishes.HandedBack)
+    assert [w.success.job_id for w in finishes._finishes["on"].waiting] == [job_id]
