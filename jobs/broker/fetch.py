@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -122,7 +121,6 @@ _KOMBU_PUT = _CHANNEL._put
 _KOMBU_RESTORE = _CHANNEL._do_restore_message
 _KOMBU_CONSUME = _CHANNEL.basic_consume
 _state = {"fetch": False, "runs": False, "ride": False}
-_free: dict[str, Callable[[], bool] | None] = {"now": None}
 
 _FETCH, _BELLS = "fetch", "bells"
 # The delivery's claim token and its run record's answer (jobs.broker.running.start's), in the
@@ -135,21 +133,16 @@ def enabled() -> bool:
     return backlot_settings().ATOMIC_FETCH
 
 
-def install(
-    *, runs: bool = False, inline: bool = False, free: Callable[[], bool] | None = None
-) -> bool:
+def install(*, runs: bool = False, inline: bool = False) -> bool:
     """In a worker's main process, before it consumes (worker_init, after
     jobs.broker.reservations.install): its channels take messages with the atomic fetch. False (and
-    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs with
-    DEFER_CLAIM; a stamped message's run record is taken with it, by every fetch (-P solo) or
-    by those `free` says will find a process free to start the message at once (prefork: a
-    message that waits in the worker must not read running). `inline`: it runs each job in its
-    event loop's thread as it takes it (-P solo); its acknowledgements ride with its next fetch
-    (jobs.broker.reservations.RIDE_WAIT)."""
+    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs in
+    its own process with DEFER_CLAIM; a stamped message's run record is taken with it.
+    `inline`: it runs each job in its event loop's thread as it takes it (-P solo); its
+    acknowledgements ride with its next fetch (jobs.broker.reservations.RIDE_WAIT)."""
     ring_bells()
     _state["fetch"] = enabled()
     _state["runs"] = runs
-    _free["now"] = free
     _state["ride"] = inline and _state["fetch"]
     reservations.ride_acks(_state["ride"])
     if _state["fetch"]:
@@ -296,8 +289,7 @@ def _send_fetch(channel: Any, *, load: bool = False) -> None:
     command = ("EVAL", _SCRIPTS[variant]) if load else ("EVALSHA", _SHAS[variant])
     runs: tuple[Any, ...] = ()
     # the run records are the platform's keys: only where the broker's Redis is the platform's
-    free = _free["now"]
-    if _state["runs"] and channel.qos.carries_counts and (free is None or free()):
+    if _state["runs"] and channel.qos.carries_counts:
         lease = int(backlot_settings().LEASE_SECONDS * 1000)
         runs = (str(uuid.uuid4()), lease, running.KEEP_MS, running.PREFIX)
     channel._backlot_token = runs[0] if runs else None

@@ -76,16 +76,12 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
         reservations.install(node=sender.hostname, app=sender.app)
         # ... and takes each in one step with its record (jobs.broker.fetch); with a stamped
         # message's run record where its run will not write its claim first (DEFER_CLAIM)
-        inline, forks = _inline(sender), _pool_is(sender, prefork.TaskPool)
+        inline = _inline(sender)
         settings = backlot_settings()
-        fetching = fetch.install(
-            runs=settings.DEFER_CLAIM and (inline or forks),
-            inline=inline,
-            free=None if inline else _process_free(sender),
-        )
+        fetching = fetch.install(runs=settings.DEFER_CLAIM and inline, inline=inline)
         # ... and writes its short successes together, acknowledged once written (a prefork
         # pool process hands its back to the main process: hand_back_successes)
-        if settings.DEFER_CLAIM and fetching and (inline or forks):
+        if settings.DEFER_CLAIM and fetching and (inline or _pool_is(sender, prefork.TaskPool)):
             finishes.install(
                 size=settings.SUCCESS_BATCH, wait=settings.SUCCESS_BATCH_SECONDS, inline=inline
             )
@@ -93,20 +89,10 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
 
 def _inline(sender: Any) -> bool:
     """Whether the worker runs each job in its own main thread as it takes it (-P solo): a
-    message it fetches starts at once, so its run record may be taken by the fetch (a pool's
-    prefetched messages may wait for a process, and a record taken then would say running and
-    count a crash for a job that never started: a prefork worker's fetch takes it only when a
-    process is free, `_process_free`)."""
+    message it fetches starts at once, so its run record may be taken by the fetch (a thread
+    pool's prefetched messages wait in its queue, and a record taken then would say running
+    and count a crash for a job that never started)."""
     return _pool_is(sender, solo.TaskPool)
-
-
-def _process_free(sender: Any) -> Any:
-    """Whether the message a prefork worker fetches now goes to a free pool process at once:
-    fewer requests reserved (received, not finished; a success whose write waits is finished)
-    than the pool's processes."""
-    processes = int(sender.concurrency or 1)
-    reserved = state.reserved_requests
-    return lambda: len(reserved) < processes
 
 
 def _pool_is(sender: Any, kind: type) -> bool:
