@@ -94,6 +94,9 @@ def test_a_cluster_rate_limit_holds_across_the_processes(site: SQLiteSite, uniqu
 def test_cancel_stops_a_running_job_and_a_waiting_one_never_runs(site: SQLiteSite, unique):
     running = site.driver.enqueue("tests.cooperative", unique, kwargs={"seconds": 60})
     waiting = site.driver.enqueue("tests.sqlite.note", f"{unique}-w", "late", delay=5)
+    # started, and its claim written (its first progress(); with DEFER_CLAIM a job that
+    # has not written it yet reads queued, and a cancel then cancels the row outright)
+    site.driver.wait_states([running], {"running"}, timeout=60, what="the job's claim")
     wait_until(
         lambda: "started" in values(site, unique),
         timeout=60,
