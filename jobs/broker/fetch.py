@@ -14,17 +14,17 @@ holder's heartbeat lapses. ReservingQoS.append then only keeps it in memory.
 
 A script cannot block, so a consumer whose fetch found nothing waits on doorbells: each task
 message published through kombu (Channel._put, its restores; jobs.broker.restore's script too)
-pushes a
-token on its queue's bell list (`backlot:bell:<queue>`, capped) in the pipeline of the message's
+pushes a token on its queue's bell list (`backlot:bell:<queue>`, capped) in the pipeline of its
 LPUSH, and the consumer sends BRPOP on its queues' bells with the transport's timeout (1 s),
 then fetches again when it wakes or times out. A bell carries no data: popping one loses
-nothing, and a message pushed without one (another client) is taken within the timeout. A fetch
-that finds the lists empty deletes their bells (any left were for messages already taken).
+nothing; a message pushed without one (another client) is taken within the timeout. A fetch that
+finds the lists empty deletes their bells (any left were for messages already taken).
 
 Installed by class patching in worker processes (`install()`, at worker_init) and, for the
-bells, in every process that publishes (`ring_bells()`, from jobs.worker.celery). A channel without
-a ReservingQoS, or with a consumer that does not acknowledge (Celery's gossip, the reply queues
-of remote control), keeps kombu's BRPOP. `BACKLOT['ATOMIC_FETCH'] = False` turns it all off.
+bells, in every process that publishes (jobs.broker.bells, from jobs.worker.celery). A channel
+without a ReservingQoS, or with a consumer that does not acknowledge (Celery's gossip, the reply
+queues of remote control), keeps kombu's BRPOP. `BACKLOT['ATOMIC_FETCH'] = False` turns it all
+off.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from queue import Empty
 from time import monotonic
 from typing import Any
@@ -41,8 +42,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from redis.exceptions import NoScriptError, ResponseError
 
-from jobs.broker import counters, reservations, running
-from jobs.broker.protocol import BELL, BELL_CAP
+from jobs.broker import bells, counters, reservations, running
+from jobs.broker.protocol import BELL
 from jobs.broker.reservations import OWNERS, ReservingQoS
 from jobs.core.conf import backlot_settings
 
@@ -54,7 +55,8 @@ logger = logging.getLogger(__name__)
 # delivery tags), the metric counts (jobs.broker.counters.encoded) and the acknowledged runs'
 # records (jobs.broker.running.forget_args, a JSON list); then for a worker that runs its jobs
 # in its own process with DEFER_CLAIM (else none): a fresh claim token, the lease and the keep
-# (ms) and the run records' prefix. Settles the acknowledged messages (out of unacked,
+# (ms), the run records' prefix and '1' to take the record `reserved` (a prefork worker's:
+# jobs.broker.running.STARTED). Settles the acknowledged messages (out of unacked,
 # unacked_index and OWNERS, as kombu's ack and ReservingQoS._remove_from_indices), drops their
 # runs' records and writes the counts, then pops the first message of the first non-empty list
 # and records it as taken: {list's index, message, 1}; {index, message, 0} for a message it
@@ -94,7 +96,10 @@ for i = 1, n do
         if ARGV[6] and ARGV[6] ~= '' and type(headers) == 'table'
             and type(headers['{born}']) == 'table' and type(headers.id) == 'string' then
             local ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-            return {i, payload, 1, start_run(ARGV[9] .. headers.id, ARGV[6], ARGV[7], ARGV[8], ms)}
+            local key = ARGV[9] .. headers.id
+            local reply = start_run(key, ARGV[6], ARGV[7], ARGV[8], ms)
+            if reply == 'ok' and ARGV[10] == '1' then redis.call('HSET', key, 'reserved', '1') end
+            return {i, payload, 1, reply}
         end
         return {i, payload, 1}
     end
@@ -117,11 +122,9 @@ _variant = {"index": 0}
 _CHANNEL: Any = kombu_redis.Channel
 _KOMBU_START = _CHANNEL._brpop_start
 _KOMBU_READ = _CHANNEL._brpop_read
-_KOMBU_PUT = _CHANNEL._put
-_KOMBU_RESTORE = _CHANNEL._do_restore_message
 _KOMBU_CONSUME = _CHANNEL.basic_consume
 _state = {"fetch": False, "runs": False, "ride": False}
-
+_free: dict[str, Callable[[], bool] | None] = {"now": None}
 _FETCH, _BELLS = "fetch", "bells"
 # The delivery's claim token and its run record's answer (jobs.broker.running.start's), in the
 # properties of a message whose record the fetch took (read by jobs.worker.request).
@@ -133,16 +136,20 @@ def enabled() -> bool:
     return backlot_settings().ATOMIC_FETCH
 
 
-def install(*, runs: bool = False, inline: bool = False) -> bool:
+def install(
+    *, runs: bool = False, inline: bool = False, free: Callable[[], bool] | None = None
+) -> bool:
     """In a worker's main process, before it consumes (worker_init, after
     jobs.broker.reservations.install): its channels take messages with the atomic fetch. False (and
-    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs in
-    its own process with DEFER_CLAIM; a stamped message's run record is taken with it.
+    kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs with
+    DEFER_CLAIM; a stamped message's run record is taken with it, by every fetch (-P solo) or,
+    `reserved` until a pool process starts it, by those `free` says find a process free (prefork).
     `inline`: it runs each job in its event loop's thread as it takes it (-P solo); its
     acknowledgements ride with its next fetch (jobs.broker.reservations.RIDE_WAIT)."""
-    ring_bells()
+    bells.ring_bells()
     _state["fetch"] = enabled()
     _state["runs"] = runs
+    _free["now"] = free
     _state["ride"] = inline and _state["fetch"]
     reservations.ride_acks(_state["ride"])
     if _state["fetch"]:
@@ -150,83 +157,6 @@ def install(*, runs: bool = False, inline: bool = False) -> bool:
         _CHANNEL._brpop_read = _brpop_read
         _CHANNEL.basic_consume = _basic_consume
     return _state["fetch"]
-
-
-def ring_bells() -> None:
-    """In every process that publishes (jobs.worker.celery): each task message kombu pushes on a
-    queue rings its bell, in the same pipeline; off with BACKLOT['ATOMIC_FETCH']."""
-    _CHANNEL._put = _put
-    _CHANNEL._do_restore_message = _do_restore_message
-
-
-def ring(pipe: Any, prefix: str, queue: str) -> None:
-    """Add the bell of `queue` to a pipeline of kombu's client (whose LPUSH prefixes the key
-    itself and whose LTRIM does not)."""
-    pipe.lpush(f"{BELL}{queue}", 1)
-    pipe.ltrim(f"{prefix}{BELL}{queue}", 0, BELL_CAP - 1)
-
-
-def _rings(message: Any) -> bool:
-    """Whether a message pushed on a queue rings its bell: a task message, with the setting on
-    (events and remote-control replies go to consumers that keep kombu's BRPOP)."""
-    try:
-        task = message["headers"]["task"]
-    except (KeyError, TypeError):
-        return False
-    return bool(task) and enabled()
-
-
-def _put(self: Any, queue: str, message: Any, **kwargs: Any) -> None:
-    """kombu's Channel._put, and the queue's bell in the same round trip."""
-    if not _rings(message):
-        return _KOMBU_PUT(self, queue, message, **kwargs)
-    batch = kwargs.get("_publish_batch")
-    if batch is not None:  # kombu buffers the message's commands; the bell's join them
-        _KOMBU_PUT(self, queue, message, **kwargs)
-        # One bell per message for the first BELL_CAP messages of a queue in each pipelined
-        # flush, trimmed once: more would wake no more consumers than the cap lets wait, and a
-        # fan-out of 1,000 messages paid two extra commands for each (+45 % Python work per
-        # job, measured). kombu's count of buffered commands only grows between flushes: the
-        # first message, or a count that did not grow, starts a new flush's bells.
-        seen = getattr(batch, "_backlot_seen", None)
-        if seen is None or batch._buffered <= seen:
-            batch._backlot_rung = {}
-        batch._backlot_seen = batch._buffered
-        rung = batch._backlot_rung.get(queue, 0)
-        if rung < BELL_CAP:
-            batch.add("lpush", f"{BELL}{queue}", 1)
-            if rung in (0, BELL_CAP - 1):  # trimmed at a flush's first bell and at its last:
-                # the list never holds more than twice the cap, and the cap after a full flush
-                batch.add("ltrim", f"{self.global_keyprefix}{BELL}{queue}", 0, BELL_CAP - 1)
-            batch._backlot_rung[queue] = rung + 1
-        return None
-    key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
-    with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
-        pipe.lpush(key, dumps(message))
-        if self._expires and queue in self._expires:
-            for step in self.priority_steps:
-                pipe.pexpire(self._q_for_pri(queue, step), self._expires[queue])
-        ring(pipe, self.global_keyprefix, queue)
-        pipe.execute()
-    return None
-
-
-def _do_restore_message(
-    self: Any, payload: Any, exchange: str, routing_key: str, pipe: Any, leftmost: bool = False
-) -> None:
-    """kombu's restore of an unacknowledged message to its queue (a reject with requeue, a
-    channel closing, the visibility timeout), ringing the queue's bell in its transaction. The
-    copy goes without `born` (jobs.broker.running.unstamp): its run reads the row."""
-    running.unstamp(payload)
-    _KOMBU_RESTORE(self, payload, exchange, routing_key, pipe, leftmost)
-    if not _rings(payload):
-        return
-    try:
-        queues = list(self._lookup(exchange, routing_key))
-    except Exception:  # noqa: BLE001 - kombu logged it; the message waits one poll at most
-        return
-    for queue in queues:
-        ring(pipe, self.global_keyprefix, queue)
 
 
 def _basic_consume(self: Any, queue: str, *args: Any, **kwargs: Any) -> Any:
@@ -289,9 +219,10 @@ def _send_fetch(channel: Any, *, load: bool = False) -> None:
     command = ("EVAL", _SCRIPTS[variant]) if load else ("EVALSHA", _SHAS[variant])
     runs: tuple[Any, ...] = ()
     # the run records are the platform's keys: only where the broker's Redis is the platform's
-    if _state["runs"] and channel.qos.carries_counts:
+    free = _free["now"]
+    if _state["runs"] and channel.qos.carries_counts and (free is None or free()):
         lease = int(backlot_settings().LEASE_SECONDS * 1000)
-        runs = (str(uuid.uuid4()), lease, running.KEEP_MS, running.PREFIX)
+        runs = (str(uuid.uuid4()), lease, running.KEEP_MS, running.PREFIX, "1" if free else "")
     channel._backlot_token = runs[0] if runs else None
     riders = getattr(channel, "_backlot_riders", ("", "", "")) if load else _riders(channel)
     channel._backlot_phase = _FETCH
@@ -382,11 +313,15 @@ def _brpop_read(self: Any, **options: Any) -> bool:
         queue = queues[(int(index) - 1) % len(queues)]
         message = loads(bytes_to_str(payload))
         if run and self._backlot_token:  # its run record, taken with it
-            message["properties"][RUN] = [self._backlot_token, bytes_to_str(run[0])]
+            message["properties"][RUN] = [self._backlot_token, answer := bytes_to_str(run[0])]
+            if _free["now"] and answer == "ok":  # reserved: the message's until it is handed
+                self.qos.reserve(message, self._backlot_token)
         self._queue_cycle.rotate(queue)
         if int(recorded):
             self.qos.fetched(message["properties"]["delivery_tag"])
         self.connection._deliver(message, queue)
+        if self.qos.reserved:  # delivered, not handed back: the record says started
+            self.qos.handed(message["properties"]["delivery_tag"])
         return True
     finally:
         if not pending:

@@ -102,6 +102,42 @@ class HeldAcks:
 held_acks = HeldAcks()
 
 
+class Unanswered:
+    """Writes of the event loop's whose replies are read later (every RIDE_WAIT), on a
+    connection of their own to the platform's Redis: Redis has them as soon as they are sent,
+    and the loop waits for no round trip. A connection error drops them (logged)."""
+
+    def __init__(self) -> None:
+        self._connection: Any = None
+        self._unread = 0
+
+    def send(self, *args: Any) -> None:
+        try:
+            if self._connection is None:
+                self._connection = redis_client().connection_pool.make_connection()
+            self._connection.send_command(*args)
+            self._unread += 1
+        except redis.RedisError as exc:
+            self._lost(exc)
+
+    def read(self) -> None:
+        try:
+            while self._unread:
+                self._unread -= 1
+                self._connection.read_response()
+        except redis.RedisError as exc:
+            self._lost(exc)
+
+    def _lost(self, exc: Exception) -> None:
+        logger.debug("Run records not marked started (they read reserved): %s", exc)
+        if self._connection is not None:
+            self._connection.disconnect()
+        self._connection, self._unread = None, 0
+
+
+unanswered = Unanswered()
+
+
 class ReservingQoS(kombu_redis.QoS):
     """kombu's Redis QoS that also records which holder took each message (see the module
     docstring): installed on the transport's Channel in worker processes by `install()`.
@@ -119,6 +155,9 @@ class ReservingQoS(kombu_redis.QoS):
         # delivery tag -> (job id, claim token) of a run whose record (jobs.broker.running)
         # goes with its message's acknowledgement (`ran`)
         self.runs: dict[str, tuple[str, str]] = {}
+        # delivery tag -> (job id, token) of a record a prefork fetch took `reserved`, while its
+        # message is being delivered (jobs.broker.fetch): then `handed` to the pool, or back
+        self.reserved: dict[str, tuple[str, str]] = {}
         self._ride_seen: list[str] | None = None
         self._ride_timer: Any = None
 
@@ -142,6 +181,24 @@ class ReservingQoS(kombu_redis.QoS):
             ).hset(OWNERS, delivery_tag, self.owner).execute()
             virtual.QoS.append(self, message, delivery_tag)
         return None
+
+    def reserve(self, message: dict[str, Any], token: str) -> None:
+        """The fetch took this message's run record `reserved` (jobs.broker.running.STARTED)."""
+        self.reserved[message["properties"]["delivery_tag"]] = (message["headers"]["id"], token)
+
+    def handed(self, delivery_tag: str) -> None:
+        """Celery took the delivered message (to a free pool process: jobs.broker.fetch): its
+        record says started before the process can run it; sent without waiting for the reply
+        (`unanswered`), so that a job killing its whole worker at once is still counted."""
+        if run := self.reserved.pop(delivery_tag, None):
+            unanswered.send("EVAL", running.STARTED, 0, *running.forget_args([run]))
+
+    def unreserve(self, delivery_tag: str, pipe: Any) -> None:
+        """The message goes back to its queue undelivered (a paused queue's consumer cancelled,
+        the channel closing): its reserved record goes in the restore's MULTI/EXEC (its copy,
+        not stamped, would meet it and be dropped)."""
+        if run := self.reserved.pop(delivery_tag, None):
+            pipe.execute_command("EVAL", running.UNRESERVE, 0, *running.forget_args([run]))
 
     def ack(self, delivery_tag: str) -> None:
         later = self._riding()
@@ -179,6 +236,7 @@ class ReservingQoS(kombu_redis.QoS):
         if self.riding and self.riding is self._ride_seen:
             self.settle_riding()
         self._ride_seen = self.riding
+        unanswered.read()
 
     def settle_riding(self) -> None:
         """The acknowledgements no fetch took, in a MULTI/EXEC of their own; a connection error

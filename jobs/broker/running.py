@@ -158,17 +158,43 @@ return #KEYS
 """
 
 # KEYS: records of stamped messages going back to their queue from a dead holder
-# (jobs.broker.restore); ARGV[1] keep ms. Each one no run took yet becomes a claimed record, so
-# that the holder's own copy, should it wake up and run it, reads the row; a run's record is
-# left as it is (its lease decides).
+# (jobs.broker.restore); ARGV[1] keep ms. Each one no run took yet, or a prefork fetch took for
+# a run no pool process was seen to start (`reserved`), becomes a claimed record, so that the
+# holder's own copy, should it wake up and run it, reads the row; a run's record is left as it
+# is (its lease decides).
 _HOLD_ABSENT = """
 for i, key in ipairs(KEYS) do
-  if redis.call('HSETNX', key, 'token', '') == 1 then
-    redis.call('HSET', key, 'until', 0, 'claimed', '1')
+  local v = redis.call('HMGET', key, 'token', 'reserved', 'claimed')
+  if not v[1] or (v[2] == '1' and v[3] ~= '1') then
+    redis.call('HSET', key, 'token', '', 'until', 0, 'claimed', '1')
+    redis.call('HDEL', key, 'reserved')
     redis.call('PEXPIRE', key, ARGV[1])
   end
 end
 return #KEYS
+"""
+
+# A prefork worker's fetch takes a stamped message's record `reserved` (jobs.broker.fetch): it
+# says running, and a copy meeting it is dropped, but it is the message's until Celery takes the
+# message for a pool process. ARGV: record key, token, ... STARTED: those messages were handed
+# to the pool (sent by the main process without waiting for the reply, before the process can
+# run it: jobs.broker.reservations.Unanswered); the record is a run's from then on. UNRESERVE:
+# those messages go back to their queue undelivered (a paused queue's consumer cancelled, the
+# channel closing): their records go, so that the copy runs.
+STARTED = """
+for i = 1, #ARGV, 2 do
+  if redis.call('HGET', ARGV[i], 'token') == ARGV[i + 1] then
+    redis.call('HDEL', ARGV[i], 'reserved')
+  end
+end
+return 0
+"""
+UNRESERVE = """
+for i = 1, #ARGV, 2 do
+  local v = redis.call('HMGET', ARGV[i], 'token', 'reserved', 'claimed')
+  if v[1] == ARGV[i + 1] and v[2] == '1' and v[3] ~= '1' then redis.call('DEL', ARGV[i]) end
+end
+return 0
 """
 
 # KEYS[1] the record; ARGV[1] token, ARGV[2] field, ARGV[3] value: set if it is this run's.

@@ -31,7 +31,7 @@ from celery.signals import celeryd_init
 from django.conf import settings as django_settings
 from kombu import Exchange, Queue
 
-from jobs.broker import amqp, fetch
+from jobs.broker import amqp, bells
 from jobs.broker.redis import broker_transport_options, broker_url
 from jobs.core.conf import backlot_settings
 from jobs.worker import shutdown
@@ -68,7 +68,7 @@ def configure(app: Celery) -> None:
     billiard.common.REMAP_SIGTERM = os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
     celeryd_init.connect(_soft_shutdown_ends_with_jobs, weak=False, dispatch_uid=__name__)
     _configured.append(app)  # adopt mode is decided once Django's settings are loaded
-    fetch.ring_bells()  # each task message rings its queue's bell (jobs.broker.fetch)
+    bells.ring_bells()  # each task message rings its queue's bell (jobs.broker.fetch)
     if app.configured:  # type: ignore[attr-defined]  # celery-types does not declare it
         _apply(app.conf)
     else:

@@ -6,6 +6,7 @@ what it takes from Redis, in the same step as it takes it, and keeps a heartbeat
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from celery import concurrency, current_app
@@ -76,12 +77,16 @@ def record_reservations(sender: Any = None, **kwargs: Any) -> None:
         reservations.install(node=sender.hostname, app=sender.app)
         # ... and takes each in one step with its record (jobs.broker.fetch); with a stamped
         # message's run record where its run will not write its claim first (DEFER_CLAIM)
-        inline = _inline(sender)
+        inline, forks = _inline(sender), _pool_is(sender, prefork.TaskPool)
         settings = backlot_settings()
-        fetching = fetch.install(runs=settings.DEFER_CLAIM and inline, inline=inline)
+        fetching = fetch.install(
+            runs=settings.DEFER_CLAIM and (inline or forks),
+            inline=inline,
+            free=_process_free(sender) if forks else None,
+        )
         # ... and writes its short successes together, acknowledged once written (a prefork
         # pool process hands its back to the main process: hand_back_successes)
-        if settings.DEFER_CLAIM and fetching and (inline or _pool_is(sender, prefork.TaskPool)):
+        if settings.DEFER_CLAIM and fetching and (inline or forks):
             finishes.install(
                 size=settings.SUCCESS_BATCH, wait=settings.SUCCESS_BATCH_SECONDS, inline=inline
             )
@@ -91,8 +96,18 @@ def _inline(sender: Any) -> bool:
     """Whether the worker runs each job in its own main thread as it takes it (-P solo): a
     message it fetches starts at once, so its run record may be taken by the fetch (a thread
     pool's prefetched messages wait in its queue, and a record taken then would say running
-    and count a crash for a job that never started)."""
+    and count a crash for a job that never started; a prefork fetch takes it `reserved`, and
+    only when a process is free: `_process_free`)."""
     return _pool_is(sender, solo.TaskPool)
+
+
+def _process_free(sender: Any) -> Callable[[], bool]:
+    """Whether the message a prefork worker fetches now goes to a free pool process at once:
+    fewer requests reserved (received, not finished; a success whose write waits is finished)
+    than the pool's processes."""
+    processes = int(sender.concurrency or 1)
+    reserved = state.reserved_requests
+    return lambda: len(reserved) < processes
 
 
 def _pool_is(sender: Any, kind: type) -> bool:

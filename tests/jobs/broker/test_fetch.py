@@ -408,6 +408,69 @@ def test_a_deferring_worker_takes_a_stamped_messages_run_record_with_it(
             assert raw.hget(record, "claimed") == b"1"
 
 
+@pytest.mark.parametrize("case", ["handed", "handed back", "holder died"])
+def test_a_prefork_fetch_takes_the_record_reserved_until_the_message_is_handed_to_the_pool(
+    fetching_here: None, clean_redis: None, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    from jobs.worker.celery import PRIORITY_TRANSPORT_OPTIONS
+
+    # given: a prefork worker deferring claims, with a pool process free, and a stamped message
+    monkeypatch.setitem(fetch._state, "runs", True)
+    monkeypatch.setitem(fetch._free, "now", lambda: True)
+    url = backlot_settings().REDIS_URL
+    raw = redis.Redis.from_url(url)
+    job_id = str(uuid.uuid4())
+    record = f"{running.PREFIX}{job_id}"
+    stamp = {running.BORN: [int(time.time() * 1000), None]}
+    at_delivery: list[list[Any]] = []
+    kombu_deliver = kombu_redis.Transport._deliver
+
+    def deliver(transport: Any, message: dict[str, Any], queue: str) -> None:
+        if running.BORN not in message["headers"]:  # a copy sent back
+            return kombu_deliver(transport, message, queue)
+        at_delivery.append(raw.hmget(record, "token", "reserved"))
+        if case == "handed back":  # no consumer for its queue any more (a pause cancelled it)
+            return transport._reject_inbound_message(message)
+        if case == "holder died":  # the sweep of a dead holder, between its fetch and delivery
+            running.hold_absent([job_id])
+        return kombu_deliver(transport, message, queue)
+
+    monkeypatch.setattr(kombu_redis.Transport, "_deliver", deliver)
+
+    # when the fetch takes it
+    with delivered(url, PRIORITY_TRANSPORT_OPTIONS, raw, headers={"id": job_id, **stamp}) as (
+        message,
+        name,
+    ):
+        # then its record was taken with it, reserved (the message's) until its delivery
+        ((token, reserved),) = at_delivery
+        assert reserved == b"1"
+        if case == "handed":
+            # and once it is handed to the pool (delivered, not sent back), the record is the
+            # run's (marked without waiting for the reply: the event loop's timer reads it), so
+            # a copy meeting it is dropped, and the status says running
+            assert message.properties[fetch.RUN] == [token.decode(), "ok"]
+            wait_until(lambda: not raw.hexists(record, "reserved"), timeout=5, what="the mark")
+            reservations.unanswered.read()
+            assert raw.hget(record, "token") == token
+            assert running.live([job_id]) == {job_id}
+            assert running.start(job_id, str(uuid.uuid4()), 30) == "busy"
+        elif case == "handed back":
+            # and a message sent back to its queue undelivered took its record with it: its
+            # copy (unstamped, the one delivered here) is not dropped as a duplicate
+            assert fetch.RUN not in message.properties
+            assert not raw.exists(record)
+            assert running.start(job_id, str(uuid.uuid4()), 30) == "ok"
+        else:
+            # and a dead holder's reserved record is turned claimed by the sweep: the copy reads
+            # the row (it runs, and counts no crash for a run that never started)
+            assert raw.hmget(record, "token", "claimed") == [b"", b"1"]
+            assert not raw.hexists(record, "reserved")
+            assert running.start(job_id, str(uuid.uuid4()), 30) == "claimed"
+        message.ack()
+        raw.delete(name)
+
+
 def test_a_stamped_message_requeued_goes_back_without_born(
     fetching_here: None, clean_redis: None
 ) -> None:
