@@ -143,7 +143,7 @@ def install(
     jobs.broker.reservations.install): its channels take messages with the atomic fetch. False (and
     kombu's BRPOP) when BACKLOT['ATOMIC_FETCH'] is off. `runs`: the worker runs its jobs with
     DEFER_CLAIM; a stamped message's run record is taken with it, by every fetch (-P solo) or,
-    `reserved` until a pool process starts it, by those `free` says find a process free (prefork).
+    `reserved` until it is handed to the pool, by those `free` says find a process free (prefork).
     `inline`: it runs each job in its event loop's thread as it takes it (-P solo); its
     acknowledgements ride with its next fetch (jobs.broker.reservations.RIDE_WAIT)."""
     bells.ring_bells()
