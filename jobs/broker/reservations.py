@@ -103,27 +103,25 @@ held_acks = HeldAcks()
 
 
 class Unanswered:
-    """Writes of the event loop's whose replies are read later (every RIDE_WAIT), on a
-    connection of their own to the platform's Redis: Redis has them as soon as they are sent,
-    and the loop waits for no round trip. A connection error drops them (logged)."""
+    """Writes of the event loop's whose replies are read later (those arrived, every
+    RIDE_WAIT), on a connection of their own to the platform's Redis: Redis has them as soon as
+    they are sent, and the loop waits for no round trip. No health check's PING on it (its
+    reply would be read among theirs); a connection error drops them (logged)."""
 
     def __init__(self) -> None:
         self._connection: Any = None
-        self._unread = 0
 
     def send(self, *args: Any) -> None:
         try:
             if self._connection is None:
                 self._connection = redis_client().connection_pool.make_connection()
-            self._connection.send_command(*args)
-            self._unread += 1
+            self._connection.send_command(*args, check_health=False)
         except redis.RedisError as exc:
             self._lost(exc)
 
     def read(self) -> None:
         try:
-            while self._unread:
-                self._unread -= 1
+            while self._connection is not None and self._connection.can_read(timeout=0):
                 self._connection.read_response()
         except redis.RedisError as exc:
             self._lost(exc)
@@ -132,7 +130,7 @@ class Unanswered:
         logger.debug("Run records not marked started (they read reserved): %s", exc)
         if self._connection is not None:
             self._connection.disconnect()
-        self._connection, self._unread = None, 0
+        self._connection = None
 
 
 unanswered = Unanswered()
