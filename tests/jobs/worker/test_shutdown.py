@@ -34,11 +34,23 @@ def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
 JOB_SECONDS = 3.0
 
 
+def waiting_on(worker: PlatformWorker, *job_ids: str) -> bool:
+    """Whether the worker's main process lists these jobs as running (remote control's
+    `active`): it took in their start and answered from its event loop, which is back in its
+    wait. The soft shutdown reads the pool's results only when the signal lands there
+    (jobs.worker.shutdown); one landing while the loop still handles a message or a result
+    falls back to Celery's sleep."""
+    replies = app.control.inspect(destination=[worker.name], timeout=1).active() or {}
+    running = {task["id"] for tasks in replies.values() for task in tasks}
+    return set(job_ids) <= running
+
+
 def test_a_worker_stops_when_its_running_job_ends(start_worker, clean_redis, transactional_db):
     # given: a worker running a job that needs JOB_SECONDS more when SIGTERM comes
     worker = start_worker("soft-stop", queues="reports", concurrency=1)
     handle = slow_once.using(queue="reports").enqueue("soft-stop", JOB_SECONDS)
     wait_until(lambda: marks("soft-stop"), timeout=30, what="the job to start")
+    wait_until(lambda: waiting_on(worker, handle.id), timeout=30, what="the worker to wait on it")
 
     # when
     worker.process.send_signal(signal.SIGTERM)
@@ -76,6 +88,8 @@ def test_the_soft_shutdown_waits_for_the_last_running_job_and_records_each(
         failing = fails_late.enqueue("soft-two", 1.0)
         slow = slow_once.using(queue="reports").enqueue("soft-two", JOB_SECONDS)
         wait_until(lambda: len(marks("soft-two")) == 2, timeout=30, what="both jobs to start")
+        # (the failing job may have ended by then: its 1 s is not waited for)
+        wait_until(lambda: waiting_on(worker, slow.id), timeout=30, what="the worker to wait")
 
         # when
         worker.process.send_signal(signal.SIGTERM)
