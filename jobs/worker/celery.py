@@ -68,7 +68,7 @@ def configure(app: Celery) -> None:
     billiard.common.REMAP_SIGTERM = os.environ.setdefault("REMAP_SIGTERM", "SIGQUIT")
     celeryd_init.connect(_soft_shutdown_ends_with_jobs, weak=False, dispatch_uid=__name__)
     _configured.append(app)  # adopt mode is decided once Django's settings are loaded
-    bells.ring_bells()  # each task message rings its queue's bell (jobs.broker.fetch)
+    bells.ring_bells()  # each task message rings its queue's bell (jobs.broker.bells)
     if app.configured:  # type: ignore[attr-defined]  # celery-types does not declare it
         _apply(app.conf)
     else:
