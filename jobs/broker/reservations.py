@@ -1,8 +1,7 @@
 """Which worker holds which message, the worker's side: a record of what each channel took
-from Redis, so that the messages a dead worker held go back to their queue within seconds
-instead of after the broker's visibility timeout (Sidekiq Pro's super_fetch, per process). The
-channel's heartbeat is jobs.broker.heartbeat; the relay's sweep that gives the messages back is
-jobs.broker.restore.
+from Redis, so that a dead worker's messages go back to their queue within seconds, not after
+the visibility timeout (Sidekiq Pro's super_fetch, per process). The channel's heartbeat is
+jobs.broker.heartbeat; the relay's sweep that gives the messages back, jobs.broker.restore.
 
 kombu's Redis transport keeps every message a worker took and has not acknowledged (the
 prefetched ones, the running ones, those waiting for their countdown) in its `unacked` hash,
@@ -59,11 +58,10 @@ _riding = {"on": False}
 
 class HeldAcks:
     """Acknowledgements held until their job's success is written (jobs.worker.finishes: a
-    worker writes several short successes in one statement). A held message leaves the
-    channel's prefetch count at its ack, but stays in `unacked` (and this holder's) until it is
-    released; then it rides with the next fetch (-P solo) or the next ack (prefork), or is
-    settled within two RIDE_WAIT rounds. Thread-safe: a success may be written by another
-    thread than the event loop's."""
+    worker writes several short successes in one statement). A held message leaves the channel's
+    prefetch count at its ack, but stays in `unacked` (and this holder's) until it is released;
+    then it rides with the next fetch (-P solo) or ack (prefork), or is settled within two
+    RIDE_WAIT rounds. Thread-safe: a success may be written by another thread than the loop's."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -103,10 +101,9 @@ held_acks = HeldAcks()
 
 
 class Unanswered:
-    """Writes of the event loop's whose replies are read later (those arrived, every
-    RIDE_WAIT), on a connection of their own to the platform's Redis: Redis has them as soon as
-    they are sent, and the loop waits for no round trip. No health check's PING on it (its
-    reply would be read among theirs); a connection error drops them (logged)."""
+    """Writes of the event loop's, on a connection of their own to the platform's Redis, whose
+    replies (those arrived) are read every RIDE_WAIT: the loop waits for no round trip. No health
+    check's PING on it (its reply would be read among theirs); an error drops them (logged)."""
 
     def __init__(self) -> None:
         self._connection: Any = None
@@ -130,7 +127,7 @@ class Unanswered:
         logger.debug("Run records not marked started (they read reserved): %s", exc)
         if self._connection is not None:
             self._connection.disconnect()
-        self._connection = None
+            self._connection = None
 
 
 unanswered = Unanswered()
@@ -150,11 +147,9 @@ class ReservingQoS(kombu_redis.QoS):
         self.owner = heartbeat.register(self)
         self._fetched: str | None = None
         self.riding: list[str] = []  # acknowledged, for the next fetch to settle (RIDE_WAIT)
-        # delivery tag -> (job id, claim token) of a run whose record (jobs.broker.running)
-        # goes with its message's acknowledgement (`ran`)
+        # tag -> (job id, claim token): a run whose record goes with its message's ack (`ran`)
         self.runs: dict[str, tuple[str, str]] = {}
-        # delivery tag -> (job id, token) of a record a prefork fetch took `reserved`, while its
-        # message is being delivered (jobs.broker.fetch): then `handed` to the pool, or back
+        # tag -> (job id, token): a record the prefork fetch took reserved, until `handed` or back
         self.reserved: dict[str, tuple[str, str]] = {}
         self._ride_seen: list[str] | None = None
         self._ride_timer: Any = None
@@ -185,16 +180,14 @@ class ReservingQoS(kombu_redis.QoS):
         self.reserved[message["properties"]["delivery_tag"]] = (message["headers"]["id"], token)
 
     def handed(self, delivery_tag: str) -> None:
-        """Celery took the delivered message (to a free pool process: jobs.broker.fetch): its
-        record says started before the process can run it; sent without waiting for the reply
-        (`unanswered`), so that a job killing its whole worker at once is still counted."""
+        """Celery took the delivered message for a free pool process: its record says started
+        before the process can run it (a job killing its whole worker at once still counts)."""
         if run := self.reserved.pop(delivery_tag, None):
             unanswered.send("EVAL", running.STARTED, 0, *running.forget_args([run]))
 
     def unreserve(self, delivery_tag: str, pipe: Any) -> None:
         """The message goes back to its queue undelivered (a paused queue's consumer cancelled,
-        the channel closing): its reserved record goes in the restore's MULTI/EXEC (its copy,
-        not stamped, would meet it and be dropped)."""
+        the channel closing): its reserved record goes in the restore's MULTI/EXEC."""
         if run := self.reserved.pop(delivery_tag, None):
             pipe.execute_command("EVAL", running.UNRESERVE, 0, *running.forget_args([run]))
 
