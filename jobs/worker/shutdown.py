@@ -18,8 +18,10 @@ and requeued as in Celery.
 
 It does so only when the signal interrupted the loop while it waited in its poll (a worker
 running jobs spends nearly all its time there): a signal that lands while the loop is handling
-a result or a message cannot safely read another, so Celery's own sleep is used then, as it is
-for a pool without result pipes (solo, threads).
+a result or a message cannot safely read another. So SIGTERM's handler (installed with Celery's
+others, ``install_platform_tweaks``) puts such a signal off: it is sent again to the main thread
+RETRY_SECONDS later, until it lands in the poll; after RETRIES it is handled where it lands, with
+Celery's own sleep, as it is for a pool without result pipes (solo, threads).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from __future__ import annotations
 import logging
 import os
 import select
+import signal
 import sys
+import threading
 from inspect import isgenerator
 from time import monotonic
 from types import FrameType, MethodType
@@ -44,26 +48,65 @@ EVENT_LOOP_POLL = os.path.join("kombu", "utils", "eventio.py")
 # Celery's signal handler (celery.apps.worker._shutdown_handler): the frame below it is where
 # the signal interrupted the main thread.
 SIGNAL_HANDLER = "_handle_request"
+# A SIGTERM that lands outside the poll is sent again this much later, at most RETRIES times
+# (the loop of a busy worker is back in its poll within milliseconds).
+RETRY_SECONDS = 0.01
+RETRIES = 200
+PUT_OFF = "_put_off_till_poll"  # the name of the handler that puts a signal off
 
 
 def install(worker: Any) -> None:
     """Give `worker` (Celery's worker application, before it starts) this soft shutdown."""
     worker.wait_for_soft_shutdown = MethodType(wait_for_soft_shutdown, worker)
+    worker.install_platform_tweaks = MethodType(_install_platform_tweaks, worker)
+
+
+def _install_platform_tweaks(worker: Any, *args: Any) -> None:
+    """Celery's signal handlers, SIGTERM's wrapped to wait for the poll (put_off_till_poll)."""
+    type(worker).install_platform_tweaks(worker, *args)
+    handler = signal.getsignal(signal.SIGTERM)
+    if callable(handler):
+        signal.signal(signal.SIGTERM, put_off_till_poll(worker, handler))
+
+
+def put_off_till_poll(worker: Any, handler: Any) -> Any:
+    """`handler` (Celery's SIGTERM handler), called once the signal lands in the event loop's
+    poll when the soft shutdown will wait for running jobs; until then the signal is sent again
+    to the main thread every RETRY_SECONDS (a SIGTERM arriving meanwhile counts as one of them),
+    and after RETRIES it is handled where it lands."""
+    tries = [0]
+
+    def _put_off_till_poll(signum: int, frame: FrameType | None) -> None:
+        if _in_poll(frame) or tries[0] >= RETRIES or not _waits(worker):
+            handler(signum, frame)
+            return
+        tries[0] += 1
+        again = threading.Timer(
+            RETRY_SECONDS, signal.pthread_kill, (threading.main_thread().ident, signum)
+        )
+        again.daemon = True
+        again.start()
+
+    return _put_off_till_poll
+
+
+def _waits(worker: Any) -> bool:
+    """Whether the soft shutdown would wait, reading the pool's results (see module doc)."""
+    conf = worker.app.conf
+    return (
+        float(conf.worker_soft_shutdown_timeout or 0) > 0
+        and not conf.worker_enable_soft_shutdown_on_idle
+        and bool(state.active_requests)
+        and _result_pipes(worker) is not None
+    )
 
 
 def wait_for_soft_shutdown(worker: Any) -> None:
     """Wait up to ``worker_soft_shutdown_timeout`` for the running tasks to end (Celery's
     rules: no wait when none runs, unless ``worker_enable_soft_shutdown_on_idle``)."""
-    conf = worker.app.conf
-    timeout = float(conf.worker_soft_shutdown_timeout or 0)
+    timeout = float(worker.app.conf.worker_soft_shutdown_timeout or 0)
     pipes = _result_pipes(worker)
-    if (
-        timeout <= 0
-        or conf.worker_enable_soft_shutdown_on_idle
-        or not state.active_requests
-        or pipes is None
-        or not _interrupted_in_poll(sys._getframe(1))
-    ):
+    if pipes is None or not _waits(worker) or not _interrupted_in_poll(sys._getframe(1)):
         type(worker).wait_for_soft_shutdown(worker)  # Celery's own
         return
     logger.warning(
@@ -100,10 +143,17 @@ def _interrupted_in_poll(frame: FrameType | None) -> bool:
     while frame is not None and frame.f_code.co_name != SIGNAL_HANDLER:
         frame = frame.f_back
     interrupted = frame.f_back if frame is not None else None
+    if interrupted is not None and interrupted.f_code.co_name == PUT_OFF:
+        interrupted = interrupted.f_back  # put_off_till_poll's handler, called where it landed
+    return _in_poll(interrupted)
+
+
+def _in_poll(frame: FrameType | None) -> bool:
+    """Whether `frame`, where a signal landed, is the event loop's poll."""
     return (
-        interrupted is not None
-        and interrupted.f_code.co_name == "poll"
-        and interrupted.f_code.co_filename.endswith(EVENT_LOOP_POLL)
+        frame is not None
+        and frame.f_code.co_name == "poll"
+        and frame.f_code.co_filename.endswith(EVENT_LOOP_POLL)
     )
 
 

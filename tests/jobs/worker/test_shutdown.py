@@ -6,12 +6,13 @@ import signal
 import time
 
 from config.celery import app
+from jobs import enqueue_many
 from jobs.broker.queues import queue_depths, unacknowledged
 from jobs.models import DeadLetter, Job, JobState
 from jobs.testing import Worker as PlatformWorker
 from tests.conftest import LOG_DIR, ROOT, marks, wait_until
 from tests.support.shutdown_tasks import fails_late
-from tests.support.tasks import slow_once
+from tests.support.tasks import add, slow_once
 
 
 def test_an_idle_worker_stops_at_once_on_sigterm(start_worker):
@@ -37,9 +38,8 @@ JOB_SECONDS = 3.0
 def waiting_on(worker: PlatformWorker, *job_ids: str) -> bool:
     """Whether the worker's main process lists these jobs as running (remote control's
     `active`): it took in their start and answered from its event loop, which is back in its
-    wait. The soft shutdown reads the pool's results only when the signal lands there
-    (jobs.worker.shutdown); one landing while the loop still handles a message or a result
-    falls back to Celery's sleep."""
+    wait, where the soft shutdown reads the pool's results (jobs.worker.shutdown puts off a
+    signal that lands elsewhere: test_a_busy_worker_stops_when_its_running_job_ends)."""
     replies = app.control.inspect(destination=[worker.name], timeout=1).active() or {}
     running = {task["id"] for tasks in replies.values() for task in tasks}
     return set(job_ids) <= running
@@ -67,6 +67,41 @@ def test_a_worker_stops_when_its_running_job_ends(start_worker, clean_redis, tra
     )
     # ... with its message acknowledged: nothing left in Redis to run it again
     assert unacknowledged() == 0 and queue_depths(["reports"]) == {"reports": 0}
+
+
+SHORT_JOBS = 3000
+
+
+def test_a_busy_worker_stops_when_its_running_job_ends(start_worker, clean_redis, transactional_db):
+    # given: a worker whose event loop is busy with short jobs (its second process runs them)
+    # while a job needing JOB_SECONDS runs: a SIGTERM then lands mostly outside the loop's poll,
+    # where the soft shutdown cannot read results (jobs.worker.shutdown puts it off till the poll)
+    worker = start_worker("busy-stop", queues="reports", concurrency=2)
+    handle = slow_once.using(queue="reports").enqueue("busy-stop", JOB_SECONDS)
+    wait_until(lambda: marks("busy-stop"), timeout=30, what="the long job to start")
+    short = enqueue_many(add, [((i, 1), {}) for i in range(SHORT_JOBS)], queue="reports")
+    wait_until(
+        lambda: Job.objects.filter(id__in=short[:1000], state=JobState.SUCCEEDED).count() >= 50,
+        timeout=30,
+        what="short jobs to run",
+    )
+
+    # when
+    worker.process.send_signal(signal.SIGTERM)
+    termed = time.monotonic()
+    code = worker.process.wait(timeout=60)
+
+    # then: the long job ran once, to its end, and the worker stopped then, not after 30 s
+    took = time.monotonic() - termed
+    job = Job.objects.get(id=handle.id)
+    assert (job.state, job.attempts) == (JobState.SUCCEEDED, 1), worker.output()[-3000:]
+    assert code == 0
+    assert took < JOB_SECONDS + 7, f"the worker took {took:.1f} s to stop"
+    # ... every short job either ran once or is back in its queue, none held or run twice
+    ran = Job.objects.filter(id__in=short, state=JobState.SUCCEEDED)
+    assert not ran.filter(attempts__gt=1).exists()
+    assert unacknowledged() == 0
+    assert ran.count() + queue_depths(["reports"])["reports"] == SHORT_JOBS
 
 
 def test_the_soft_shutdown_waits_for_the_last_running_job_and_records_each(
