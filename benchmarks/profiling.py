@@ -6,6 +6,7 @@ py-spy is not a project dependency: install it into .venv for a profile run
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -27,7 +28,7 @@ def record(
     *,
     seconds: float,
     subprocesses: bool = False,
-    idle: bool = True,
+    idle: bool = os.environ.get("BENCH_PROFILE_IDLE", "1") == "1",
     rate: int = 250,
 ) -> subprocess.Popen[bytes]:
     """Start py-spy recording `pid` as collapsed stacks into `out`; the caller waits on it."""

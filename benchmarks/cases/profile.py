@@ -5,6 +5,8 @@ time spent waiting for PostgreSQL or Redis shows as such):
   fan-out  this process running the campaign fan-out (job_enqueue_many, ledger on);
            cProfile when py-spy is not installed.
   drain    a worker (main process and its 2 pool processes) draining ledger jobs.
+BENCH_PROFILE_LEDGER=off drains ledger-off jobs instead, BENCH_PROFILE_JOBS sets their number
+(3,000), BENCH_PROFILE_IDLE=0 leaves out the samples of waiting threads (py-spy's --idle).
 The summaries go to benchmarks/results/profile-*.txt, the collapsed stacks (for a flame
 graph) to .data/bench-logs/.
 """
@@ -39,7 +41,7 @@ from benchmarks.profiling import py_spy, record, render, summarize
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 FANOUT_JOBS = 20_000
-DRAIN_JOBS = 3_000
+DRAIN_JOBS = int(os.environ.get("BENCH_PROFILE_JOBS", "3000"))
 
 
 def _stop(spy: subprocess.Popen[bytes]) -> str:
@@ -95,9 +97,11 @@ def run(*, full: bool = False) -> CaseResult:
         with Workers() as workers:
             worker = workers.start("profile", concurrency=2).wait_ready()
             pause([worker])
-            queue_backlog(bench.noop, 200)
+            off = os.environ.get("BENCH_PROFILE_LEDGER") == "off"
+            task = bench.noop_untracked if off else bench.noop
+            queue_backlog(task, 200)
             timed_drain([worker], 120)
-            queue_backlog(bench.noop, DRAIN_JOBS)
+            queue_backlog(task, DRAIN_JOBS)
             connection.close()
             raw = LOG_DIR / "profile-drain.collapsed"
             spy = record(worker.process.pid, raw, seconds=600, subprocesses=True)
