@@ -101,11 +101,15 @@ def publish(
     eta: datetime | None,
     options: Mapping[str, Any] | None = None,
     trace_context: Mapping[str, str] | None = None,
+    answered: bool = True,
 ) -> bool:
     """Hand one job's message to the broker; False when the broker is unavailable.
 
     Bounded timeouts make a dead or frozen Redis fail fast; the caller leaves the job in the
     ledger's outbox for the relay. `trace_context` (jobs.core.tracing) rides in the headers.
+    Not `answered` (a ledger-on enqueue's message, its row marked published: the relay's
+    reconcile re-sends it if Redis refuses or loses it), Redis's reply is not waited for on
+    the short path (jobs.broker.unanswered): False only when the send fails.
     """
     options = dict(options or {})
     if trace_context:
@@ -133,6 +137,7 @@ def publish(
                     options=options,
                     parent=parent,
                 ),
+                answered=answered,
             )
             if parent is not None:
                 parent.add_trail(app.AsyncResult(job_id))  # as send_task does

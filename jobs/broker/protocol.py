@@ -37,6 +37,7 @@ from celery.backends.base import Backend
 from celery.signals import after_task_publish, before_task_publish
 from kombu.utils.json import JSONEncoder, dumps
 
+from jobs.broker import unanswered
 from jobs.core import jsontext
 from jobs.core.conf import backlot_settings
 
@@ -338,31 +339,34 @@ def fill(
     return messages
 
 
-def push(route: Route, queue: str, message: dict[str, Any]) -> None:
-    """The message's LPUSH on its list and its queue's bell's LPUSH and LTRIM, packed into one
-    packet on one pooled connection and their replies read back: one round trip, without
-    redis-py's Pipeline object (its command stack, per-command parsing hooks and retry wrapper
-    cost about as much Python as the LPUSH itself). The pool hands out a connection Redis has
-    closed since (a restart, a client timeout) reconnected; one that fails here is dropped; a
+def push(route: Route, queue: str, message: dict[str, Any], *, answered: bool = True) -> None:
+    """The message's LPUSH on its list and its queue's bell's LPUSH and LTRIM in one packet on
+    one pooled connection, their replies read back: one round trip, without redis-py's Pipeline
+    (its command stack, parsing hooks and retry wrapper cost about as much Python as the LPUSH).
+    The pool reconnects a connection Redis closed since; one that fails here is dropped; a
     command Redis refuses is raised once every reply is read. Either error reaches publish(),
-    which leaves the job in the outbox."""
-    push_many(route, queue, [message])
+    which leaves the job in the outbox. Not `answered`: the packet goes on this thread's
+    connection whose replies are read later (jobs.broker.unanswered); a failed send raises."""
+    push_many(route, queue, [message], answered=answered)
 
 
-def push_many(route: Route, queue: str, messages: Sequence[dict[str, Any]]) -> None:
+def push_many(
+    route: Route, queue: str, messages: Sequence[dict[str, Any]], *, answered: bool = True
+) -> None:
     """Messages of one priority on their list in one LPUSH (the first given is the first a
     consumer pops, as with one LPUSH each), with one bell token each up to BELL_CAP and the
     bell's LTRIM: one packet, one round trip, as push()."""
     if not messages:
         return
     priority = messages[0]["properties"]["priority"]
-    push_texts(route, queue, priority, [message_text(m) for m in messages])
+    push_texts(route, queue, priority, [message_text(m) for m in messages], answered=answered)
 
 
-def push_texts(route: Route, queue: str, priority: int, messages: Sequence[str]) -> None:
-    """push_many() of messages already serialized (fill()'s), all of broker `priority`. The
-    packet is packed by hiredis in one call (redis-py's packer encodes each argument in Python:
-    ~4 calls a message)."""
+def push_texts(
+    route: Route, queue: str, priority: int, messages: Sequence[str], *, answered: bool = True
+) -> None:
+    """push_many() of messages already serialized (fill()'s), all of broker `priority`, packed
+    by hiredis in one call (redis-py's packer encodes each argument in Python: ~4 calls each)."""
     if not messages:
         return
     key = f"{route.prefix}{queue}{route.list_key(priority)}"
@@ -371,18 +375,17 @@ def push_texts(route: Route, queue: str, priority: int, messages: Sequence[str])
         bell = f"{route.prefix}{BELL}{queue}"
         tokens = [1] * min(len(messages), BELL_CAP)
         commands += [("LPUSH", bell, *tokens), ("LTRIM", bell, 0, BELL_CAP - 1)]
-    _send(route, commands)
-
-
-def _send(route: Route, commands: list[tuple[Any, ...]]) -> None:
-    """`commands` in one packet on one of the route's pooled connections, every reply read."""
+    # One bytes object, so one send: a list is sent item by item, a syscall and a packet each,
+    # which cost a single enqueue ~0.1 ms (its LPUSH, bell LPUSH and LTRIM apart).
+    packed = b"".join([hiredis.pack_command(c) for c in commands])
+    if not answered:
+        writer = unanswered.for_thread(route.client.connection_pool, "a job's message")
+        return writer.send_packed(packed, len(commands))
     pool = route.client.connection_pool
     connection = pool.get_connection()
     refused: redis.ResponseError | None = None
     try:
-        # One bytes object, so one send: a list is sent item by item, a syscall and a packet
-        # each, which cost a single enqueue ~0.1 ms (its LPUSH, bell LPUSH and LTRIM apart).
-        connection.send_packed_command([b"".join([hiredis.pack_command(c) for c in commands])])
+        connection.send_packed_command([packed])
         for _ in commands:  # every reply is read, so the connection stays in step
             try:
                 connection.read_response()

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import Any
 
+import hiredis
 import redis
 from kombu.asynchronous import get_event_loop
 from kombu.transport import redis as kombu_redis
@@ -37,6 +38,7 @@ from kombu.utils.json import dumps
 from jobs.broker import counters, running
 from jobs.broker.heartbeat import heartbeat
 from jobs.broker.redis import redis_client
+from jobs.broker.unanswered import Unanswered
 
 logger = logging.getLogger(__name__)
 
@@ -100,37 +102,18 @@ class HeldAcks:
 held_acks = HeldAcks()
 
 
-class Unanswered:
-    """Writes of the event loop's, on a connection of their own to the platform's Redis, whose
-    replies (those arrived) are read every RIDE_WAIT: the loop waits for no round trip. No health
-    check's PING on it (its reply would be read among theirs); an error drops them (logged)."""
+# The run records' marks (running.STARTED), sent without waiting for their replies (read every
+# RIDE_WAIT): a mark not made leaves the record reserved, which its readers handle.
+unanswered = Unanswered(
+    lambda: redis_client().connection_pool, "a run record's mark", refused_level=logging.DEBUG
+)
 
-    def __init__(self) -> None:
-        self._connection: Any = None
 
-    def send(self, *args: Any) -> None:
-        try:
-            if self._connection is None:
-                self._connection = redis_client().connection_pool.make_connection()
-            self._connection.send_command(*args, check_health=False)
-        except redis.RedisError as exc:
-            self._lost(exc)
-
-    def read(self) -> None:
-        try:
-            while self._connection is not None and self._connection.can_read(timeout=0):
-                self._connection.read_response()
-        except redis.RedisError as exc:
-            self._lost(exc)
-
-    def _lost(self, exc: Exception) -> None:
+def _mark(*args: Any) -> None:
+    try:
+        unanswered.send_packed(hiredis.pack_command(args), 1)
+    except redis.RedisError as exc:
         logger.debug("Run records not marked started (they read reserved): %s", exc)
-        if self._connection is not None:
-            self._connection.disconnect()
-            self._connection = None
-
-
-unanswered = Unanswered()
 
 
 class ReservingQoS(kombu_redis.QoS):
@@ -183,7 +166,7 @@ class ReservingQoS(kombu_redis.QoS):
         """Celery took the delivered message for a free pool process: its record says started
         before the process can run it (a job killing its whole worker at once still counts)."""
         if run := self.reserved.pop(delivery_tag, None):
-            unanswered.send("EVAL", running.STARTED, 0, *running.forget_args([run]))
+            _mark("EVAL", running.STARTED, 0, *running.forget_args([run]))
 
     def unreserve(self, delivery_tag: str, pipe: Any) -> None:
         """The message goes back to its queue undelivered (a paused queue's consumer cancelled,

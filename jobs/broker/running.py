@@ -178,7 +178,7 @@ return #KEYS
 # says running, and a copy meeting it is dropped, but it is the message's until Celery takes the
 # message for a pool process. ARGV: record key, token, ... STARTED: those messages were handed
 # to the pool (sent by the main process without waiting for the reply, before the process can
-# run it: jobs.broker.reservations.Unanswered); the record is a run's from then on. UNRESERVE:
+# run it: jobs.broker.unanswered); the record is a run's from then on. UNRESERVE:
 # those messages go back to their queue undelivered (a paused queue's consumer cancelled, the
 # channel closing): their records go, so that the copy runs.
 STARTED = """

@@ -29,9 +29,10 @@ def publish_job(
     task: Enqueueable,
     options: Mapping[str, Any] | None = None,
     mark_published: bool = True,
+    answered: bool = True,
 ) -> bool:
     """Hand a job's message to the broker and mark its row published; False (the row stays
-    in the outbox) when the broker is unavailable."""
+    in the outbox) when the broker is unavailable. `answered`: see broker.publish."""
     now = timezone.now()
     eta = job.scheduled_for if job.scheduled_for and job.scheduled_for > now else None
     if eta is None and slots.limited(task) and park_at_gates(task, [job], options):
@@ -55,6 +56,7 @@ def publish_job(
                 **dict(options or {}),
             },
             trace_context=job.trace_context,
+            answered=answered,
         )
     if sent and task.track and mark_published:
         ledger.mark_published([job.id], now=now, attempts=job.attempts)

@@ -237,9 +237,13 @@ def enqueue(
         # Task.replace() took over, whose attempts are the replaced job's), says when it was sent
         if conf.DEFER_CLAIM and marked and not (start_at or joining or task_id):
             options = with_born(task, publish_options, job.owner_id)
+        # a row marked published: Redis's reply is not waited for (the relay's reconcile re-sends
+        # a message Redis refused or lost; jobs.broker.unanswered)
         if (
             publishes
-            and not publish_job(job=job, task=task, options=options, mark_published=not marked)
+            and not publish_job(
+                job=job, task=task, options=options, mark_published=not marked, answered=not marked
+            )
             and marked
         ):
             ledger.unpublish(job.id)  # the broker is away: the relay publishes it

@@ -23,7 +23,7 @@ from celery.signals import (
 from celery.worker import state
 from django.db import close_old_connections
 
-from jobs.broker import amqp, counters, fetch, heartbeat, reservations
+from jobs.broker import amqp, counters, fetch, heartbeat, reservations, unanswered
 from jobs.broker.broker import BROKER_ERRORS, lists_held_messages, slim_message
 from jobs.core.conf import backlot_settings
 from jobs.worker import conflicts, deferred, finishes, outcomes, watchdog
@@ -203,5 +203,7 @@ def hold_counters(**kwargs: Any) -> None:
 @worker_shutdown.connect
 def flush_counters(**kwargs: Any) -> None:
     """A pool process (which exits without atexit) or the worker writes its metric counts
-    before it ends (jobs.broker.counters)."""
+    before it ends (jobs.broker.counters), and reads the replies to its jobs' enqueues
+    (jobs.broker.unanswered)."""
     counters.flush()
+    unanswered.flush()

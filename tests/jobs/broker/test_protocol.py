@@ -21,7 +21,7 @@ import pytest
 from celery import current_app
 from celery.signals import before_task_publish
 
-from jobs.broker import broker, protocol
+from jobs.broker import broker, protocol, unanswered
 from jobs.broker.queues import queue_keys
 from jobs.broker.redis import redis_client
 from jobs.core.masking import message_repr
@@ -78,6 +78,7 @@ def publish_one(
     args: list[Any] | None = None,
     kwargs: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
+    answered: bool = True,
 ) -> bool:
     """jobs.broker.broker.publish of one job on QUEUE, priority 7: whether the broker took it."""
     return broker.publish(
@@ -89,6 +90,7 @@ def publish_one(
         priority=7,
         eta=None,
         options=dict(options or {}),
+        answered=answered,
     )
 
 
@@ -286,6 +288,44 @@ def test_a_refused_push_leaves_the_connection_usable_for_the_next(
     # and the next one on the same pool is stored, its replies not mixed with the first's
     assert not refused and published
     assert [m["headers"]["id"] for m in popped()] == [job_id]
+
+
+def test_an_unanswered_push_is_refused_in_the_log_and_the_next_ones_are_stored(
+    empty_queue: None, celery_sends: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # given: the queue's list taken by a value of another type, so Redis refuses the LPUSH
+    key = queue_keys(QUEUE)[broker.broker_priority(7)]
+    redis_client().set(key, "not a list")
+    refused_id = str(uuid.uuid4())
+
+    # when: a message whose reply is not waited for (a ledger-on enqueue's) is pushed
+    with caplog.at_level("WARNING", logger="jobs.broker.unanswered"):
+        sent = publish_one(refused_id, answered=False)
+        wait_until(replies_read, timeout=5, what="Redis's replies")
+    redis_client().delete(key)
+    later = [str(uuid.uuid4()) for _ in range(3)]
+    for job_id in later:
+        assert publish_one(job_id, answered=False)
+    unanswered.flush()
+
+    # then: the caller was told it was sent (its row stays published: the relay's reconcile
+    # re-sends what Redis lacks), the refusal is logged, and the next messages are stored
+    # with their replies read in step
+    assert sent
+    assert "Redis refused a job's message: WRONGTYPE" in caplog.text
+    assert [m["headers"]["id"] for m in popped()] == later
+    assert replies_read()
+    assert celery_sends == []
+
+
+def replies_read() -> bool:
+    """Whether this thread's unanswered writer to QUEUE's Redis has read every reply (it reads
+    those arrived first)."""
+    route = protocol.route(current_app, QUEUE)
+    assert route is not None
+    writer = unanswered.for_thread(route.client.connection_pool, "a job's message")
+    writer.read()
+    return writer.pending == 0
 
 
 def test_a_fan_out_stores_the_messages_kombus_batch_would(

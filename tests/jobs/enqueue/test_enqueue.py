@@ -6,6 +6,8 @@ stays there to be counted.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
 
@@ -15,11 +17,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from jobs import enqueue_many
+from jobs.broker import unanswered
 from jobs.broker.queues import queue_keys as broker_queue_keys
 from jobs.broker.redis import redis_client
 from jobs.enqueue import submit
 from jobs.flow.relay import job_relay
 from jobs.models import IdempotencyRecord, Job, JobState
+from tests.conftest import ROOT
 from tests.support import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,6 +81,58 @@ def test_a_publish_that_fails_leaves_the_job_in_the_outbox(clean_redis, monkeypa
     monkeypatch.undo()
     Job.objects.filter(id=handle.id).update(enqueued_at=timezone.now() - timedelta(minutes=1))
     assert job_relay() == 1 and messages_waiting() == 1
+
+
+def test_a_message_redis_refuses_after_the_enqueue_returned_is_sent_again_by_the_relay(
+    clean_redis, caplog
+):
+    # given: the queue's lists taken by values of another type, so Redis refuses the LPUSH
+    client = redis_client()
+    for key in broker_queue_keys("reports"):
+        client.set(key, "not a list")
+
+    # when a job is enqueued: its row is marked published, and Redis's reply is not waited for
+    with caplog.at_level("WARNING", logger="jobs.broker.unanswered"):
+        handle = tasks.prioritized.enqueue("k", "refused late")
+        unanswered.flush()
+    client.delete(*broker_queue_keys("reports"))
+
+    # then the refusal is logged, the row says published, and no message waits
+    assert "Redis refused a job's message: WRONGTYPE" in caplog.text
+    assert Job.objects.get(id=handle.id).published_at is not None
+    assert messages_waiting() == 0
+    # ... until the relay's reconcile finds it missing from Redis (published MISSING_AFTER ago)
+    earlier = timezone.now() - timedelta(minutes=1)
+    Job.objects.filter(id=handle.id).update(enqueued_at=earlier, published_at=earlier)
+    job_relay()
+    assert messages_waiting() == 1
+
+
+def test_a_process_that_enqueues_and_exits_leaves_every_message_in_redis(clean_redis, worker_env):
+    # when a process (a management command, a script) enqueues jobs and exits at once
+    script = (
+        "import django; django.setup()\n"
+        "from tests.support import tasks\n"
+        "ids = [tasks.prioritized.enqueue('k', f'exit-{n}').id for n in range(50)]\n"
+        "print(','.join(ids))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**worker_env, "DJANGO_SETTINGS_MODULE": "config.settings"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+    # then every job's message is in Redis (the replies it did not wait for are read at exit)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ids = done.stdout.strip().splitlines()[-1].split(",")
+    assert (
+        len(ids) == 50 and Job.objects.filter(id__in=ids, published_at__isnull=False).count() == 50
+    )
+    assert messages_waiting() == 50
 
 
 def test_a_fan_out_writes_its_rows_once(clean_redis):
