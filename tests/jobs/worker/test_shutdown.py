@@ -45,6 +45,14 @@ def waiting_on(worker: PlatformWorker, *job_ids: str) -> bool:
     return set(job_ids) <= running
 
 
+def terminated(worker: PlatformWorker) -> tuple[int, float]:
+    """SIGTERM to the worker: its exit code, and the seconds it took to exit."""
+    worker.process.send_signal(signal.SIGTERM)
+    termed = time.monotonic()
+    code = worker.process.wait(timeout=60)
+    return code, time.monotonic() - termed
+
+
 def test_a_worker_stops_when_its_running_job_ends(start_worker, clean_redis, transactional_db):
     # given: a worker running a job that needs JOB_SECONDS more when SIGTERM comes
     worker = start_worker("soft-stop", queues="reports", concurrency=1)
@@ -53,12 +61,9 @@ def test_a_worker_stops_when_its_running_job_ends(start_worker, clean_redis, tra
     wait_until(lambda: waiting_on(worker, handle.id), timeout=30, what="the worker to wait on it")
 
     # when
-    worker.process.send_signal(signal.SIGTERM)
-    termed = time.monotonic()
-    code = worker.process.wait(timeout=60)
+    code, took = terminated(worker)
 
     # then: the job ran to its end, and the worker stopped then, not after the 30 s timeout
-    took = time.monotonic() - termed
     job = Job.objects.get(id=handle.id)
     assert (job.state, job.attempts) == (JobState.SUCCEEDED, 1), worker.output()[-3000:]
     assert code == 0
@@ -87,12 +92,9 @@ def test_a_busy_worker_stops_when_its_running_job_ends(start_worker, clean_redis
     )
 
     # when
-    worker.process.send_signal(signal.SIGTERM)
-    termed = time.monotonic()
-    code = worker.process.wait(timeout=60)
+    code, took = terminated(worker)
 
     # then: the long job ran once, to its end, and the worker stopped then, not after 30 s
-    took = time.monotonic() - termed
     job = Job.objects.get(id=handle.id)
     assert (job.state, job.attempts) == (JobState.SUCCEEDED, 1), worker.output()[-3000:]
     assert code == 0
@@ -127,14 +129,11 @@ def test_the_soft_shutdown_waits_for_the_last_running_job_and_records_each(
         wait_until(lambda: waiting_on(worker, slow.id), timeout=30, what="the worker to wait")
 
         # when
-        worker.process.send_signal(signal.SIGTERM)
-        termed = time.monotonic()
-        code = worker.process.wait(timeout=60)
+        code, took = terminated(worker)
     finally:
         worker.stop()
 
     # then: it stopped when the longer job ended, each outcome recorded and acknowledged
-    took = time.monotonic() - termed
     assert (slow.job().state, slow.job().attempts) == (JobState.SUCCEEDED, 1)
     assert (failing.job().state, failing.job().attempts) == (JobState.DEAD, 1)
     assert DeadLetter.objects.filter(job_id_value=failing.id).count() == 1
