@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from jobs.core.states import JobState, sources, target
 from jobs.ledger import alongside as companion
+from jobs.ledger import binding
 from jobs.ledger.run import Defaults, give_up
 from jobs.models import DeadLetter, IdempotencyRecord, Job
 
@@ -31,8 +32,9 @@ def insert(job: Job, alongside: Any = None) -> None:
     by each field, as Model.save(force_insert=True) does, without the ORM's per-call query
     compilation (two thirds of an enqueue's Python work, measured). A nullable column whose
     value is None is left out (its column defaults to NULL): 15 of Job's 35 at a plain enqueue,
-    each a value prepared and bound for nothing. Job has no pre_save/post_save receivers of the
-    platform's; the documented hook is events.job_enqueued, sent after commit.
+    each a value prepared and bound for nothing. On PostgreSQL the values are bound on the
+    server (jobs.ledger.binding). Job has no pre_save/post_save receivers of the platform's; the
+    documented hook is events.job_enqueued, sent after commit.
 
     `alongside`: the caller's new row, inserted with the job (jobs.ledger.alongside): on
     PostgreSQL in this same statement, elsewhere just before it in one transaction."""
@@ -43,7 +45,7 @@ def insert(job: Job, alongside: Any = None) -> None:
             insert(job)
         return
     fields, values = _insert_values(job, db)
-    with db.cursor() as cursor:
+    with binding.cursor(db) as cursor:
         if alongside is None:
             cursor.execute(_insert_sql(db.vendor, tuple(fields)), values)
         else:
@@ -144,7 +146,7 @@ def _insert_with_record(job: Job, key: str, now: datetime, alongside: Any = None
     db = connections[DEFAULT_DB_ALIAS]
     fields, values = _insert_values(job, db)
     record = _record_values(key, job.id, now)
-    with db.cursor() as cursor:
+    with binding.cursor(db) as cursor:
         if alongside is None:
             cursor.execute(_insert_with_record_sql(tuple(fields)), [*record, *values])
             taken = cursor.rowcount == 1

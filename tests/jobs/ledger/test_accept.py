@@ -88,6 +88,97 @@ def test_the_copy_stores_what_the_orms_insert_stores() -> None:
         assert (ours.args, ours.kwargs, ours.replay_of_id) == (row.args, row.kwargs, row.replay_of)
 
 
+def test_the_single_insert_stores_what_the_orms_insert_stores(admin_user) -> None:
+    # given: jobs with awkward arguments, one holding an idempotency key, each with every
+    # column a plain enqueue sets (jobs.ledger.binding binds their values on the server)
+    now = timezone.now()
+    jobs = [
+        Job(
+            id=uuid.uuid4(),
+            task_name="tests.add",
+            args=args,
+            kwargs=kwargs,
+            queue="default",
+            priority=9,
+            owner=admin_user,
+            idempotency_key="k\tey %s" if n == 0 else "",
+            state=JobState.QUEUED,
+            max_attempts=2**31 - 1,
+            enqueued_at=now,
+            published_at=now,
+            progress_total=2**40,
+            publish_options={"time_limit": 1.5, "headers": {"x": "\\N"}},
+            trace_context={"traceparent": "00-abc\t\\def\n-01", "baggage": "naïve=ü"},
+        )
+        for n, (args, kwargs) in enumerate(AWKWARD)
+    ]
+
+    # when: each inserted by the ledger (the first holding its key), and the same jobs by the ORM
+    assert (
+        ledger.insert_holding_key(
+            job=jobs[0], key=jobs[0].idempotency_key, ttl=timedelta(hours=1), now=now
+        )
+        is None
+    )
+    for job in jobs[1:]:
+        ledger.insert(job)
+    copies = Job.objects.bulk_create(
+        [Job(**{**the_columns(job), "id": uuid.uuid4()}) for job in jobs]
+    )
+
+    # then: column for column the same
+    for job, copy in zip(jobs, copies, strict=True):
+        ours = Job.objects.get(id=job.id)
+        assert the_columns(ours) == the_columns(Job.objects.get(id=copy.id))
+        assert (ours.args, ours.kwargs) == (job.args, job.kwargs)
+
+
+def test_the_single_insert_prepares_no_statement_on_the_server(settings) -> None:
+    # given: a connection that would prepare every statement it binds on the server at once
+    # (psycopg's prepare_threshold 0; PgBouncer in transaction mode cannot hold them) and
+    # DEBUG's query log on
+    settings.DEBUG = True
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = 0
+    try:
+        # when: jobs are inserted, plain and holding a key
+        now = timezone.now()
+        for n in range(3):
+            job = Job(
+                id=uuid.uuid4(),
+                task_name="tests.add",
+                queue="default",
+                state=JobState.QUEUED,
+                enqueued_at=now,
+            )
+            ledger.insert(job)
+            assert (
+                ledger.insert_holding_key(
+                    job=Job(
+                        id=uuid.uuid4(),
+                        task_name="tests.add",
+                        queue="default",
+                        state=JobState.QUEUED,
+                        enqueued_at=now,
+                    ),
+                    key=f"key {n}",
+                    ttl=timedelta(hours=1),
+                    now=now,
+                )
+                is None
+            )
+        logged = [q["sql"] for q in connection.queries if "INSERT INTO" in q["sql"]]
+
+        # then: nothing prepared, every INSERT in the query log (its values as $1, $2...)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+            assert cursor.fetchone()[0] == 0
+    finally:
+        connection.connection.prepare_threshold = None
+    assert len(logged) == 6
+    assert all('INSERT INTO "jobs_job"' in sql for sql in logged)
+
+
 def test_a_copy_of_more_than_one_statements_rows_stores_them_all() -> None:
     # given: more rows than one write of the COPY carries
     now = timezone.now()
