@@ -37,10 +37,13 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         address = throttle.client_address(request)
-        lockout = throttle.locked_out(throttle.TOKEN, address=address)
+        # the token is looked up while Redis answers whether the address is locked out; a
+        # locked-out address is refused whatever the token
+        with throttle.lockout_asked(throttle.TOKEN, address=address) as answer:
+            found = ApiToken.objects.for_key(token)
+            lockout = answer()
         if lockout is not None:
             raise Throttled(wait=lockout.retry_after)
-        found = ApiToken.objects.for_key(token)
         if found is None or not found.user.is_active:
             throttle.failed(throttle.TOKEN, address=address)
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -109,6 +110,11 @@ class RateLimiter:
     def wait_for(self, name: str, rate: str, *, burst: int = 1) -> float:
         """Seconds until the bucket has a token (0: one is free now); takes none."""
         return float(self._wait(keys=[self.prefix + name], args=[repr(parse_rate(rate)), burst]))
+
+    def wait_command(self, name: str, rate: str, *, burst: int = 1) -> tuple[Any, ...]:
+        """wait_for()'s command, for a caller that sends it and reads its reply (the seconds)
+        itself; Redis answers NOSCRIPT until the script is loaded (wait_for() loads it)."""
+        return ("EVALSHA", self._wait.sha, 1, self.prefix + name, repr(parse_rate(rate)), burst)
 
     def reset(self, name: str) -> None:
         self.client.delete(self.prefix + name)

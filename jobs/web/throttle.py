@@ -23,10 +23,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import hiredis
 from django.http import HttpRequest
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from jobs.broker.ratelimit import RateLimiter
 from jobs.broker.redis import redis_client, redis_text
@@ -91,18 +95,101 @@ def locked_out(surface: str, *, address: str, account: str | None = None) -> Loc
     """The lockout this attempt meets, the longest of its buckets'; None if it may go on.
 
     A refusal is counted (``refused``, by surface and bucket)."""
-    found: Lockout | None = None
+    with lockout_asked(surface, address=address, account=account) as answer:
+        return answer()
+
+
+@contextmanager
+def lockout_asked(
+    surface: str, *, address: str, account: str | None = None
+) -> Iterator[Callable[[], Lockout | None]]:
+    """locked_out() in two halves: the question goes to Redis as the block starts (one packet
+    on a pooled connection) and the block's ``answer()`` reads the reply, so that the caller's
+    own round trip runs while Redis answers: the API's token lookup, on every request that
+    sends a bearer token. The block decides nothing about the attempt before answer() says it
+    may go on; leaving the block without asking drops the connection (its reply unread)."""
+    buckets = _buckets(surface, address, account)
+    limiter = RateLimiter(prefix=PREFIX)
+    pool = limiter.client.connection_pool
+    unread: Any = None  # the connection holding the replies, until answer() reads them
     try:
-        limiter = RateLimiter(prefix=PREFIX)
-        for by, name, rate in _buckets(surface, address, account):
-            wait = limiter.wait_for(name, rate, burst=_rate_count(rate))
-            if wait > 0 and (found is None or wait > found.wait):
-                found = Lockout(by=by, wait=wait)
-        if found is not None:
-            redis_client().hincrby(COUNTS, f"refused\t{surface}\t{found.by}", 1)
+        connection = pool.get_connection()
+        try:
+            packed = b"".join(
+                [
+                    hiredis.pack_command(limiter.wait_command(name, rate, burst=_rate_count(rate)))
+                    for _, name, rate in buckets
+                ]
+            )
+            connection.send_packed_command([packed])  # one bytes object: one send
+        except BaseException:
+            connection.disconnect()
+            pool.release(connection)
+            raise
+        unread = connection
+    except (RedisError, OSError) as exc:
+        logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
+
+    def answer() -> Lockout | None:
+        nonlocal unread
+        if unread is None:
+            return None  # Redis unavailable (logged)
+        connection, unread = unread, None
+        replies: list[Any] = []
+        try:
+            for _ in buckets:  # every reply read, so the connection stays in step
+                try:
+                    replies.append(connection.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except BaseException as exc:
+            connection.disconnect()
+            if not isinstance(exc, (RedisError, OSError)):
+                raise
+            logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
+            return None
+        finally:
+            pool.release(connection)
+        if any(isinstance(reply, Exception) for reply in replies):
+            # NOSCRIPT (a Redis restarted or flushed since): asked again, loading the script
+            return _locked_out_now(limiter, buckets, surface)
+        return _refused(
+            surface, [(by, float(wait)) for (by, _, _), wait in zip(buckets, replies, strict=True)]
+        )
+
+    try:
+        yield answer
+    finally:
+        if unread is not None:
+            unread.disconnect()
+            pool.release(unread)
+
+
+def _locked_out_now(
+    limiter: RateLimiter, buckets: list[tuple[str, str, str]], surface: str
+) -> Lockout | None:
+    try:
+        waits = [
+            (by, limiter.wait_for(name, rate, burst=_rate_count(rate)))
+            for by, name, rate in buckets
+        ]
     except (RedisError, OSError) as exc:
         logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
         return None
+    return _refused(surface, waits)
+
+
+def _refused(surface: str, waits: list[tuple[str, float]]) -> Lockout | None:
+    """The longest of the buckets' waits as the lockout, counted; None when none waits."""
+    found: Lockout | None = None
+    for by, wait in waits:
+        if wait > 0 and (found is None or wait > found.wait):
+            found = Lockout(by=by, wait=wait)
+    if found is not None:
+        try:
+            redis_client().hincrby(COUNTS, f"refused\t{surface}\t{found.by}", 1)
+        except (RedisError, OSError) as exc:
+            logger.warning("Sign-in throttle's refusal not counted: %s", exc)
     return found
 
 

@@ -156,6 +156,27 @@ def test_guessed_bearer_tokens_get_429_with_retry_after_then_a_real_token_works(
     assert 'backlot_signin_refused_total{by="address",surface="token"}' in text
 
 
+@pytest.mark.parametrize("locked", [False, True], ids=["free", "locked-out"])
+def test_a_token_is_judged_right_after_redis_forgot_the_throttles_script(
+    client, account, short_window, locked
+):
+    # given: an address locked out by guessed tokens, or not; then Redis loses its scripts
+    # (restarted or flushed: the lockout's question is answered NOSCRIPT)
+    from jobs.broker.redis import redis_client
+    from web.models import ApiToken
+
+    _, key = ApiToken.issue(user=account, name="noscript test")
+    for n in range(4 if locked else 0):
+        client.get("/api/jobs/", HTTP_AUTHORIZATION=f"Bearer guess-{n}")
+    redis_client().script_flush()
+
+    # when: the real token is sent
+    response = client.get("/api/jobs/", HTTP_AUTHORIZATION=f"Bearer {key}")
+
+    # then: refused while locked out, let through otherwise, as with the script loaded
+    assert response.status_code == (429 if locked else 200)
+
+
 def test_an_anonymous_api_write_is_401_naming_the_missing_credentials(client, clean_redis):
     response = client.post(
         "/api/emails/",
