@@ -133,40 +133,34 @@ def test_the_single_insert_stores_what_the_orms_insert_stores(admin_user) -> Non
         assert (ours.args, ours.kwargs) == (job.args, job.kwargs)
 
 
+def queued(now: Any) -> Job:
+    """A new queued job of tests.add, unsaved."""
+    return Job(
+        id=uuid.uuid4(),
+        task_name="tests.add",
+        queue="default",
+        state=JobState.QUEUED,
+        enqueued_at=now,
+    )
+
+
 def test_the_single_insert_prepares_no_statement_on_the_server(settings) -> None:
     # given: a connection that would prepare every statement it binds on the server at once
     # (psycopg's prepare_threshold 0; PgBouncer in transaction mode cannot hold them) and
     # DEBUG's query log on
     settings.DEBUG = True
     connection.ensure_connection()
+    threshold = connection.connection.prepare_threshold
     connection.connection.prepare_threshold = 0
     try:
         # when: jobs are inserted, plain and holding a key
         now = timezone.now()
         for n in range(3):
-            job = Job(
-                id=uuid.uuid4(),
-                task_name="tests.add",
-                queue="default",
-                state=JobState.QUEUED,
-                enqueued_at=now,
+            ledger.insert(queued(now))
+            held = ledger.insert_holding_key(
+                job=queued(now), key=f"key {n}", ttl=timedelta(hours=1), now=now
             )
-            ledger.insert(job)
-            assert (
-                ledger.insert_holding_key(
-                    job=Job(
-                        id=uuid.uuid4(),
-                        task_name="tests.add",
-                        queue="default",
-                        state=JobState.QUEUED,
-                        enqueued_at=now,
-                    ),
-                    key=f"key {n}",
-                    ttl=timedelta(hours=1),
-                    now=now,
-                )
-                is None
-            )
+            assert held is None
         logged = [q["sql"] for q in connection.queries if "INSERT INTO" in q["sql"]]
 
         # then: nothing prepared, every INSERT in the query log (its values as $1, $2...)
@@ -174,7 +168,7 @@ def test_the_single_insert_prepares_no_statement_on_the_server(settings) -> None
             cursor.execute("SELECT count(*) FROM pg_prepared_statements")
             assert cursor.fetchone()[0] == 0
     finally:
-        connection.connection.prepare_threshold = None
+        connection.connection.prepare_threshold = threshold
     assert len(logged) == 6
     assert all('INSERT INTO "jobs_job"' in sql for sql in logged)
 
