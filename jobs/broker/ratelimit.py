@@ -109,12 +109,17 @@ class RateLimiter:
 
     def wait_for(self, name: str, rate: str, *, burst: int = 1) -> float:
         """Seconds until the bucket has a token (0: one is free now); takes none."""
-        return float(self._wait(keys=[self.prefix + name], args=[repr(parse_rate(rate)), burst]))
+        key, args = self._wait_arguments(name, rate, burst)
+        return float(self._wait(keys=[key], args=args))
 
     def wait_command(self, name: str, rate: str, *, burst: int = 1) -> tuple[Any, ...]:
         """wait_for()'s command, for a caller that sends it and reads its reply (the seconds)
         itself; Redis answers NOSCRIPT until the script is loaded (wait_for() loads it)."""
-        return ("EVALSHA", self._wait.sha, 1, self.prefix + name, repr(parse_rate(rate)), burst)
+        key, args = self._wait_arguments(name, rate, burst)
+        return ("EVALSHA", self._wait.sha, 1, key, *args)
+
+    def _wait_arguments(self, name: str, rate: str, burst: int) -> tuple[str, list[Any]]:
+        return self.prefix + name, [repr(parse_rate(rate)), burst]
 
     def reset(self, name: str) -> None:
         self.client.delete(self.prefix + name)

@@ -128,7 +128,7 @@ def lockout_asked(
             raise
         unread = connection
     except (RedisError, OSError) as exc:
-        logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
+        _let_through(exc)
 
     def answer() -> Lockout | None:
         nonlocal unread
@@ -146,7 +146,7 @@ def lockout_asked(
             connection.disconnect()
             if not isinstance(exc, (RedisError, OSError)):
                 raise
-            logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
+            _let_through(exc)
             return None
         finally:
             pool.release(connection)
@@ -174,9 +174,15 @@ def _locked_out_now(
             for by, name, rate in buckets
         ]
     except (RedisError, OSError) as exc:
-        logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
+        _let_through(exc)
         return None
     return _refused(surface, waits)
+
+
+def _let_through(exc: BaseException) -> None:
+    """Redis could not say: the attempt goes on (a sign-in throttle never locks everyone out
+    while Redis is away), and the operator is told."""
+    logger.warning("Sign-in throttle unavailable, letting the attempt through: %s", exc)
 
 
 def _refused(surface: str, waits: list[tuple[str, float]]) -> Lockout | None:
