@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -50,7 +50,10 @@ def wait_until(
 
 
 class Worker:
-    """A real `celery -A config worker` process, stopped by its PID (and its own group)."""
+    """A real `celery -A config worker` process, stopped by its PID (and its own group).
+
+    `app="benchmarks.plain_celery"`: a worker of the plain Celery app instead (no Django, no
+    Backlot), without the project's environment."""
 
     def __init__(
         self,
@@ -61,7 +64,9 @@ class Worker:
         env: dict[str, str] | None = None,
         extra: Sequence[str] = (),
         argv: Sequence[str] | None = None,
+        app: str = "config",
     ) -> None:
+        self.app = app
         self.name = f"bench-{label}-{uuid.uuid4().hex[:6]}@localhost"
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.log_path = LOG_DIR / f"{self.name.split('@')[0]}.log"
@@ -73,13 +78,12 @@ class Worker:
             "-m",
             "celery",
             "-A",
-            "config",
+            app,
             "worker",
             *argv,
             "-n",
             self.name,
-            "-I",
-            "benchmarks.jobs",
+            *(["-I", "benchmarks.jobs"] if app == "config" else []),
             "--without-gossip",
             "--without-mingle",
             "--without-heartbeat",
@@ -88,7 +92,7 @@ class Worker:
         self.process = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=worker_env(env),
+            env=worker_env(env) if app == "config" else _plain_env(env),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -96,7 +100,7 @@ class Worker:
         register(self.process.pid)
 
     def wait_ready(self, timeout: float = 90) -> Worker:
-        from config.celery import app
+        app = control_app(self)
 
         def answers() -> bool:
             if self.process.poll() is not None:
@@ -179,6 +183,17 @@ def worker_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _plain_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A plain Celery worker's environment: no Django settings, no Celery settings of ours."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key != "DJANGO_SETTINGS_MODULE" and not key.startswith(("CELERY_", "BACKLOT_"))
+    }
+    env.update(PYTHONUNBUFFERED="1", **(extra or {}))
+    return env
+
+
 class Workers:
     """Several workers started together and stopped together (in a `with` block)."""
 
@@ -198,19 +213,35 @@ class Workers:
             worker.stop()
 
 
+def control_app(worker: Worker) -> Any:
+    """The Celery app whose remote control reaches `worker`."""
+    if worker.app == "config":
+        from config.celery import app
+
+        return app
+    from benchmarks.plain_celery import app as plain
+
+    return plain
+
+
+def _by_app(workers: Iterable[Worker]) -> Iterator[tuple[Any, list[str]]]:
+    """Each app's remote control with the names of its workers among `workers`."""
+    groups: dict[str, list[Worker]] = {}
+    for worker in workers:
+        groups.setdefault(worker.app, []).append(worker)
+    for group in groups.values():
+        yield control_app(group[0]), [w.name for w in group]
+
+
 def pause(workers: Iterable[Worker], queue: str = "default") -> None:
     """Stop the workers consuming `queue` (so a backlog can be queued before timing)."""
-    from config.celery import app
-
-    names = [w.name for w in workers]
-    app.control.cancel_consumer(queue, destination=names, reply=True, timeout=5)
+    for app, names in _by_app(workers):
+        app.control.cancel_consumer(queue, destination=names, reply=True, timeout=5)
 
 
 def resume(workers: Iterable[Worker], queue: str = "default") -> None:
-    from config.celery import app
-
-    names = [w.name for w in workers]
-    app.control.add_consumer(queue, destination=names, reply=True, timeout=5)
+    for app, names in _by_app(workers):
+        app.control.add_consumer(queue, destination=names, reply=True, timeout=5)
 
 
 # --------------------------------------------------------------------------- Redis
@@ -257,14 +288,14 @@ def timed_drain(workers: Sequence[Worker], timeout: float, queue: str = "default
     (up to a second later), which would otherwise penalise multi-queue workers.
     """
     waiting = queued(queue)
-    resume(workers)
+    resume(workers, queue)
     deadline = time.monotonic() + 30
     while queued(queue) >= waiting:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no worker took a message from {queue} within 30 s")
         time.sleep(0.002)
     seconds = drain_seconds(time.monotonic(), timeout, queue)
-    pause(workers)
+    pause(workers, queue)
     return seconds
 
 

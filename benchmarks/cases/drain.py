@@ -20,6 +20,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from benchmarks import jobs as bench
+from benchmarks import plain_celery
 from benchmarks.harness import (
     ROOT,
     CaseResult,
@@ -427,11 +428,13 @@ def run_layout(*, full: bool = False) -> CaseResult:
                 for i in range(cores)
             ],
         }
-        for group in sets.values():
-            for worker in group:
-                worker.wait_ready()
+        # bare Celery without Backlot (benchmarks.plain_celery): its own app, queue and defaults
+        plain = workers.start("plain", app="benchmarks.plain_celery", argv=["-c", "2"])
+        for worker in [plain, *(w for group in sets.values() for w in group)]:
+            worker.wait_ready()
         every = [w for group in sets.values() for w in group]
         pause(every)
+        pause([plain], plain_celery.QUEUE)
         # What each drain runs: bare no-ops, and issue 16's headline, the shipped layout
         # running ledger-on jobs (the same worker processes).
         plans: dict[str, tuple[list[Worker], Any]] = {
@@ -440,19 +443,25 @@ def run_layout(*, full: bool = False) -> CaseResult:
         plans["shipped_ledger_on"] = (sets["shipped"], bench.noop)
         plans["shipped_claiming_ledger_on"] = (sets["shipped_claiming"], bench.noop)
         del plans["shipped_claiming"]  # bare no-ops write no row: the same as "shipped"
+        plans["plain_c2"] = ([plain], plain_celery.plain_noop)
         rates: dict[str, list[float]] = {name: [] for name in plans}
         for round_no in range(size.repeats + 1):  # round 0 warms up
             names = list(plans) if round_no % 2 == 0 else list(reversed(plans))
             for name in names:
                 group, task = plans[name]
                 n = 200 if round_no == 0 else count
-                # each backlog is enqueued as its workers' project would: with the setting on
-                # (the default), first messages stamped, whose deliveries skip reading the row
-                deferring = name != "shipped_claiming_ledger_on"
-                with override_settings(BACKLOT={**settings.BACKLOT, "DEFER_CLAIM": deferring}):
-                    queue_backlog(task, n)
-                connection.close()
-                seconds = timed_drain(group, 300)
+                if name == "plain_c2":
+                    plain_celery.queue_backlog(n)
+                    seconds = timed_drain(group, 300, plain_celery.QUEUE)
+                else:
+                    # each backlog is enqueued as its workers' project would: with the setting
+                    # on (the default), first messages stamped, whose deliveries skip reading
+                    # the row
+                    deferring = name != "shipped_claiming_ledger_on"
+                    with override_settings(BACKLOT={**settings.BACKLOT, "DEFER_CLAIM": deferring}):
+                        queue_backlog(task, n)
+                    connection.close()
+                    seconds = timed_drain(group, 300)
                 if round_no:
                     rates[name].append(n / seconds)
     result.figure("single_c2", rates["single_c2"], "jobs/s", what="one celery worker -c 2")
@@ -520,15 +529,27 @@ def run_layout(*, full: bool = False) -> CaseResult:
         rates["shipped_ledger_on"],
         rates["shipped_claiming_ledger_on"],
     )
-    # Issue 16's headline: against bare Celery's own default worker (prefetch 4) and the
-    # project's settings (prefetch 1), whichever drains faster.
-    headline = min(vs_project, vs_default)
+    result.figure(
+        "plain_c2",
+        rates["plain_c2"],
+        "jobs/s",
+        what="one worker -c 2 of a plain Celery app (no Django, no Backlot: kombu's Redis "
+        "transport, Celery's defaults: early ack, prefetch 4), its own no-ops and queue",
+    )
+    vs_plain = result.ratio(
+        "shipped_ledger_on / plain_c2", rates["shipped_ledger_on"], rates["plain_c2"]
+    )
+    result.ratio("single_c2 / plain_c2", rates["single_c2"], rates["plain_c2"])
+    # Issue 16's headline: against bare Celery's own default worker (prefetch 4), the project's
+    # settings (prefetch 1) and a plain Celery app without Backlot, whichever drains fastest.
+    headline = min(vs_project, vs_default, vs_plain)
     result.target(
         "shipped layout, ledger-on jobs / bare worker -c 2 (headline)",
         headline,
         ">= 1.0",
         headline >= 1.0,
         detail=f"vs -c 2 prefetch 4 (Celery's default) {vs_default:.3f}, "
-        f"vs -c 2 prefetch 1 (the project's) {vs_project:.3f}",
+        f"vs -c 2 prefetch 1 (the project's) {vs_project:.3f}, "
+        f"vs a plain Celery app's -c 2 {vs_plain:.3f}",
     )
     return result
