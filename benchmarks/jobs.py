@@ -81,6 +81,24 @@ def rate_limited(key: str) -> None:
     stamp(key, repr(time.time()))
 
 
+# --- the gates of the project's emails.send: a keyed rate limit and concurrency limit ------
+
+
+def _gate_key(args: tuple, kwargs: dict) -> str:
+    return "bench-provider"
+
+
+@job(
+    name="bench.gated",
+    rate_limit=settings.EMAIL_RATE_LIMIT,
+    rate_key=_gate_key,
+    concurrency=settings.EMAIL_CONCURRENCY,
+    concurrency_key=_gate_key,
+)
+def gated(*args: Any, **kwargs: Any) -> None:
+    """A no-op behind the gates emails.send has (its enqueue parks it at them)."""
+
+
 # --- progress: a tight loop with and without self.progress --------------------------------
 
 

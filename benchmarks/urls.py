@@ -9,6 +9,8 @@ The parts of the project's POST /api/emails/ beyond an enqueue, each alone (issu
 POST /bench/token/       the API's bearer-token authentication (lockout check, token lookup).
 POST /bench/render/      the email's templates rendered (subject, text, HTML).
 POST /bench/idempotent/  the no-op's enqueue holding an idempotency key (its record's row).
+POST /bench/gated/       the enqueue of a no-op behind emails.send's gates (a keyed rate limit
+                         and concurrency limit: it is parked at them).
 """
 
 from __future__ import annotations
@@ -70,6 +72,13 @@ def idempotent(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
 
 
+@csrf_exempt
+@require_POST
+def gated(request: HttpRequest) -> JsonResponse:
+    handle = bench.gated.enqueue(request.POST.get("n", "0"))
+    return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
+
+
 urlpatterns = [
     path("bench/trivial/", trivial),
     path("bench/enqueue/", enqueue),
@@ -77,5 +86,6 @@ urlpatterns = [
     path("bench/token/", token),
     path("bench/render/", render),
     path("bench/idempotent/", idempotent),
+    path("bench/gated/", gated),
     path("", include("config.urls")),
 ]
