@@ -4,10 +4,14 @@ One job at a time: the caller notes the wall clock, enqueues, and waits (BLPOP) 
 stamp the job writes first thing; the worker then gets a moment to go idle. Variants are
 interleaved job by job, so a noisy neighbour hits them alike.
 
-Two workers: the issue's `worker -c 2` (prefork: the pool process writes the claim before the
-job's first line), and the Procfile's default-queue line (`-P solo`, the shipped layout, where
-a fresh first delivery writes nothing before the job runs: DEFER_CLAIM), each on a queue of
-its own, bare Celery and ledger-on Backlot on each.
+Two workers: the issue's `worker -c 2` (prefork) and the Procfile's default-queue line (`-P
+solo`, the shipped layout), each on a queue of its own, bare Celery and ledger-on Backlot on
+each. On both, a fresh first delivery writes nothing before the job runs (DEFER_CLAIM; prefork's
+pool processes too since issue 26's stop 45).
+
+Each job is enqueued after an idle gap, so the caller, Redis, PostgreSQL and the worker all
+start cold: an enqueue there costs 2.5-3 x its time in a tight loop (benchmarks/README.md,
+stop 51).
 """
 
 from __future__ import annotations
