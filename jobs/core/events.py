@@ -10,7 +10,13 @@ Connect a receiver the way Django's own signals are connected:
 Every signal is sent with ``sender`` = the task's name (a str) and the keyword arguments listed
 below; receivers must accept ``**kwargs`` (later versions add arguments). They run in the
 process that made the change (the web process for enqueued/replayed, the worker for the rest),
-after the ledger write that the event reports has been made. A receiver that raises is logged
+after the ledger write that the event reports has been made, but for one case: job_succeeded of
+a short run whose success the worker writes together with others' (DEFER_CLAIM and
+SUCCESS_BATCH > 1, the defaults; jobs.worker.finishes) is sent as the run ends, in the process
+that ran it, before that write: until the write the job reads running (its run record in
+Redis; the row was never claimed), then succeeded, within BACKLOT['SUCCESS_BATCH_SECONDS']
+(0.02 s by default) while the database answers; a cancel or another run that changed the row
+in that window keeps it (the write is refused, and counted so). A receiver that raises is logged
 (``jobs.core.events`` logger, with its traceback) and never breaks the job or the caller; the other
 receivers still run. Backlot's own structured log lines and Redis metrics are receivers of
 these signals (jobs.worker.telemetry).
@@ -40,7 +46,8 @@ attempt, duration (seconds the attempt ran, or None), exception, delay (seconds 
 attempt)."""
 
 job_succeeded = Signal()
-"""The job finished: its ledger row is succeeded. Arguments: job_id, task, queue, attempt,
+"""The job's run returned: its ledger row is succeeded (a short run's written with others:
+succeeded within SUCCESS_BATCH_SECONDS, see above). Arguments: job_id, task, queue, attempt,
 duration, result."""
 
 job_dead = Signal()
