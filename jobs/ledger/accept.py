@@ -61,11 +61,14 @@ def insert(job: Job, alongside: Any = None) -> None:
 @functools.lru_cache(maxsize=64)
 def _with_row_sql(model: Any, row_fields: tuple[Any, ...], job_sql: str) -> str:
     """PostgreSQL: the caller's row as a CTE of the job's INSERT, which returns its key."""
+    caller, pk = _caller_cte(model, row_fields)
+    return f"WITH {caller} {job_sql} RETURNING (SELECT {pk} FROM caller)"
+
+
+def _caller_cte(model: Any, row_fields: tuple[Any, ...]) -> tuple[str, str]:
+    """The CTE `caller` inserting the caller's row (PostgreSQL), and its key's quoted column."""
     pk = connection.ops.quote_name(model._meta.pk.column)
-    return (
-        f"WITH caller AS ({companion.insert_sql(model, row_fields, 'postgresql')}) "
-        f"{job_sql} RETURNING (SELECT {pk} FROM caller)"
-    )
+    return f"caller AS ({companion.insert_sql(model, row_fields, 'postgresql')})", pk
 
 
 def _insert_values(job: Job, db: Any) -> tuple[list[Any], list[Any]]:
@@ -176,11 +179,9 @@ def _insert_with_record_sql(
     record = f"record AS ({_record_sql('postgresql')} RETURNING 1)"
     if alongside is None:
         return f"WITH {record} {job}"
-    model, row_fields = alongside
-    pk = quote(model._meta.pk.column)
+    caller, pk = _caller_cte(*alongside)
     return (
-        f"WITH caller AS ({companion.insert_sql(model, row_fields, 'postgresql')}), {record}, "
-        f"job AS ({job} RETURNING 1) "
+        f"WITH {caller}, {record}, job AS ({job} RETURNING 1) "
         f"SELECT (SELECT {pk} FROM caller), EXISTS (SELECT FROM job)"
     )
 
