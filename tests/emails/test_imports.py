@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
+from django.db import transaction
 
 from emails import services
 from emails.models import CampaignStatus, ImportStatus, RecipientImport
@@ -102,12 +103,14 @@ def test_rows_past_the_row_limit_fail_the_import_with_the_first_row_over(
 
 
 def test_an_import_whose_job_dies_ends_failed_with_the_reason(worker, client, draft):
-    # given an accepted import whose file is gone before the worker reads it
-    response = post_import(client, draft, b"email\nann@example.com\n")
-    import_id = response.json()["import_id"]
-    record = RecipientImport.objects.get(pk=import_id)
-    # (the file vanishes while the job waits: a permanent error, FileNotFoundError)
-    (Path(django_settings.MEDIA_ROOT) / record.file).unlink(missing_ok=True)
+    # given an accepted import whose file is gone before the worker reads it: accepted in a
+    # transaction of the test's, so its job's message goes out at that commit, after the file
+    # vanished (a permanent error, FileNotFoundError); an idle worker could read it first
+    with transaction.atomic():
+        response = post_import(client, draft, b"email\nann@example.com\n")
+        import_id = response.json()["import_id"]
+        record = RecipientImport.objects.get(pk=import_id)
+        (Path(django_settings.MEDIA_ROOT) / record.file).unlink()
     body = ended(client, draft, import_id)
     # then the job is dead and the on_dead hook failed the row with the reason
     assert wait_until(
