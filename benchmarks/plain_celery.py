@@ -1,6 +1,6 @@
 """Bare Celery as a team runs it before adopting Backlot: a Celery app with no Django and no
 Backlot (kombu's own Redis transport, Celery's defaults: the ack as a message is taken,
-prefetch multiplier 4, JSON), draining the same no-op as `bench.bare_noop`.
+prefetch multiplier 4, JSON), draining a no-op like `bench.bare_noop` (`bench.plain_noop`).
 
 The layout case runs `celery -A benchmarks.plain_celery worker -c 2` beside the project's
 workers: the "default bare worker -c 2" of issue 26's headline, where the project's own bare
@@ -17,7 +17,7 @@ from celery import Celery
 
 QUEUE = "plain"
 
-# fixups=(): no Django fixup, even with DJANGO_SETTINGS_MODULE in the environment
+# fixups=[]: no Django fixup, even with DJANGO_SETTINGS_MODULE in the environment
 app = Celery("plain", broker=os.environ["REDIS_URL"], fixups=[], set_as_current=False)
 app.conf.update(task_default_queue=QUEUE, task_ignore_result=True)
 

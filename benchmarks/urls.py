@@ -15,6 +15,8 @@ POST /bench/gated/       the enqueue of a no-op behind emails.send's gates (a ke
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
 from django.views.decorators.csrf import csrf_exempt
@@ -27,6 +29,11 @@ from web.auth import TokenAuth
 _token_auth = TokenAuth()
 
 
+def _accepted(handle: Any) -> JsonResponse:
+    """202 with the job's id and status URL, as every enqueue endpoint of the project answers."""
+    return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
+
+
 @csrf_exempt
 @require_POST
 def trivial(request: HttpRequest) -> JsonResponse:
@@ -37,7 +44,7 @@ def trivial(request: HttpRequest) -> JsonResponse:
 @require_POST
 def enqueue(request: HttpRequest) -> JsonResponse:
     handle = bench.noop.enqueue(request.POST.get("n", "0"))
-    return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
+    return _accepted(handle)
 
 
 @csrf_exempt
@@ -69,14 +76,14 @@ def render(request: HttpRequest) -> JsonResponse:
 def idempotent(request: HttpRequest) -> JsonResponse:
     key = request.POST["key"]
     handle = bench.noop.using(idempotency_key=key).enqueue(request.POST.get("n", "0"))
-    return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
+    return _accepted(handle)
 
 
 @csrf_exempt
 @require_POST
 def gated(request: HttpRequest) -> JsonResponse:
     handle = bench.gated.enqueue(request.POST.get("n", "0"))
-    return JsonResponse({"job_id": handle.id, "status_url": handle.status_url}, status=202)
+    return _accepted(handle)
 
 
 urlpatterns = [
