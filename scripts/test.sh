@@ -124,9 +124,10 @@ else
     log "clock sweep left out (pytest got arguments, or BACKLOT_CLOCK_SWEEP=0)"
 fi
 
-# Django 6 (built-in django.tasks): the suite stays on 5.2; these two files prove the Tasks
+# Django 6 (built-in django.tasks): the suite stays on 5.2; these files prove the Tasks
 # backend and enqueue → worker → dead letter → replay on 6 (workers start from the same venv:
-# tests/conftest.py runs sys.executable). Measured on 2 cores: 46 tests in about 50 s, plus about
+# tests/conftest.py runs sys.executable), and the ledger's row preparation against Django 6's
+# own (tests/jobs/ledger/test_values.py). Measured on 2 cores: 46 tests in about 50 s, plus about
 # 60 s to build the venv from PyPI the first time (8 s after a pyproject change, 0.4 s when current).
 django6=${BACKLOT_DJANGO6:-auto}
 if [[ $django6 == auto ]]; then
@@ -136,12 +137,13 @@ if [[ $django6 == 1 ]]; then
     dj6_rc=0
     bash scripts/venv-django6.sh >/dev/null || dj6_rc=$?
     if [[ $dj6_rc -eq 0 ]]; then
-        log "Django 6: pytest tests/jobs/flow/test_tasks_backend.py tests/jobs/flow/test_django6_smoke.py ($(.venv-django6/bin/python -m django --version))"
+        log "Django 6: pytest tests/jobs/flow/test_tasks_backend.py tests/jobs/flow/test_django6_smoke.py tests/jobs/ledger/test_values.py ($(.venv-django6/bin/python -m django --version))"
         # A database of its own (test_backlot_django6, made afresh): the main run's test
         # database may still be held by its last workers' connections when this starts.
         DATABASE_URL="postgres://backlot@127.0.0.1:$TEST_PG_PORT/backlot_django6" \
             PATH="$PWD/.venv-django6/bin:$PATH" .venv-django6/bin/pytest --create-db \
-            tests/jobs/flow/test_tasks_backend.py tests/jobs/flow/test_django6_smoke.py || dj6_rc=$?
+            tests/jobs/flow/test_tasks_backend.py tests/jobs/flow/test_django6_smoke.py \
+            tests/jobs/ledger/test_values.py || dj6_rc=$?
     fi
     if [[ $dj6_rc -ne 0 ]]; then
         log "the Django 6 run failed (exit $dj6_rc; see above)"

@@ -19,6 +19,7 @@ from jobs.core.states import JobState, sources, target
 from jobs.ledger import alongside as companion
 from jobs.ledger import binding
 from jobs.ledger.run import Defaults, give_up
+from jobs.ledger.values import insert_values
 from jobs.models import DeadLetter, IdempotencyRecord, Job
 
 logger = logging.getLogger(__name__)
@@ -29,22 +30,22 @@ def insert(job: Job, alongside: Any = None) -> None:
     """A new job (queued, or scheduled for later): one INSERT, atomic on its own.
 
     The statement is built once per database and set of columns, and the row's values prepared
-    by each field, as Model.save(force_insert=True) does, without the ORM's per-call query
-    compilation (two thirds of an enqueue's Python work, measured). A nullable column whose
-    value is None is left out (its column defaults to NULL): 15 of Job's 35 at a plain enqueue,
-    each a value prepared and bound for nothing. On PostgreSQL the values are bound on the
-    server (jobs.ledger.binding). Job has no pre_save/post_save receivers of the platform's; the
-    documented hook is events.job_enqueued, sent after commit.
+    as Model.save(force_insert=True) prepares them (jobs.ledger.values), without the ORM's
+    per-call query compilation (two thirds of an enqueue's Python work, measured). A nullable
+    column whose value is None is left out (its column defaults to NULL): 15 of Job's 35 at a
+    plain enqueue, each a value prepared and bound for nothing. On PostgreSQL the values are
+    bound on the server (jobs.ledger.binding). Job has no pre_save/post_save receivers of the
+    platform's; the documented hook is events.job_enqueued, sent after commit.
 
     `alongside`: the caller's new row, inserted with the job (jobs.ledger.alongside): on
     PostgreSQL in this same statement, elsewhere just before it in one transaction."""
-    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (see _insert_values)
+    db = connections[DEFAULT_DB_ALIAS]  # `connection`, resolved once (see insert_values)
     if alongside is not None and db.vendor != "postgresql":
         with transaction.atomic(savepoint=False):
             companion.insert_alone(alongside, db)
             insert(job)
         return
-    fields, values = _insert_values(job, db)
+    fields, values = insert_values(job, db)
     with binding.cursor(db) as cursor:
         if alongside is None:
             cursor.execute(_insert_sql(db.vendor, tuple(fields)), values)
@@ -69,26 +70,6 @@ def _caller_cte(model: Any, row_fields: tuple[Any, ...]) -> tuple[str, str]:
     """The CTE `caller` inserting the caller's row (PostgreSQL), and its key's quoted column."""
     pk = connection.ops.quote_name(model._meta.pk.column)
     return f"caller AS ({companion.insert_sql(model, row_fields, 'postgresql')})", pk
-
-
-def _insert_values(job: Job, db: Any) -> tuple[list[Any], list[Any]]:
-    """The columns a new row of `job` sets and their prepared values (see insert), prepared
-    for `db`, the connection itself: each of django.db.connection's attributes is looked up
-    through asgiref's Local, ~17 lookups per row (~10 % of a ledger-off enqueue's Python)."""
-    fields = []
-    values = []
-    for field in _insert_fields():
-        value = field.pre_save(job, True)
-        if value is None and field.null:
-            continue
-        fields.append(field)
-        values.append(field.get_db_prep_save(value, db))
-    return fields, values
-
-
-@functools.cache
-def _insert_fields() -> tuple[Any, ...]:
-    return tuple(f for f in Job._meta.concrete_fields if not f.generated)
 
 
 @functools.lru_cache(maxsize=64)
@@ -147,7 +128,7 @@ def _insert_with_record(job: Job, key: str, now: datetime, alongside: Any = None
     its holder. A concurrent enqueue of the key waits on its index entry, as before. The
     caller's row `alongside` is a third CTE of it, inserted whether or not the key was taken."""
     db = connections[DEFAULT_DB_ALIAS]
-    fields, values = _insert_values(job, db)
+    fields, values = insert_values(job, db)
     record = _record_values(key, job.id, now)
     with binding.cursor(db) as cursor:
         if alongside is None:
