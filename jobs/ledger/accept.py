@@ -45,14 +45,14 @@ def insert(job: Job, alongside: Any = None) -> None:
             companion.insert_alone(alongside, db)
             insert(job)
         return
-    fields, values = insert_values(job, db)
+    columns, values = insert_values(job, db)
     with binding.cursor(db) as cursor:
         if alongside is None:
-            cursor.execute(_insert_sql(db.vendor, tuple(fields)), values)
+            cursor.execute(_insert_sql(db.vendor, columns), values)
         else:
             row_fields, row_values = companion.values(alongside, db)
             model: Any = type(alongside)
-            sql = _with_row_sql(model, row_fields, _insert_sql(db.vendor, tuple(fields)))
+            sql = _with_row_sql(model, row_fields, _insert_sql(db.vendor, columns))
             cursor.execute(sql, [*row_values, *values])
             companion.saved(alongside, cursor.fetchone()[0], db)
     job._state.adding = False
@@ -73,11 +73,11 @@ def _caller_cte(model: Any, row_fields: tuple[Any, ...]) -> tuple[str, str]:
 
 
 @functools.lru_cache(maxsize=64)
-def _insert_sql(vendor: str, fields: tuple[Any, ...]) -> str:
+def _insert_sql(vendor: str, columns: tuple[str, ...]) -> str:
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) VALUES ({marks})"
+    names = ", ".join(quote(column) for column in columns)
+    marks = ", ".join(["%s"] * len(columns))
+    return f"INSERT INTO {quote(Job._meta.db_table)} ({names}) VALUES ({marks})"
 
 
 def insert_holding_key(
@@ -128,15 +128,15 @@ def _insert_with_record(job: Job, key: str, now: datetime, alongside: Any = None
     its holder. A concurrent enqueue of the key waits on its index entry, as before. The
     caller's row `alongside` is a third CTE of it, inserted whether or not the key was taken."""
     db = connections[DEFAULT_DB_ALIAS]
-    fields, values = insert_values(job, db)
+    columns, values = insert_values(job, db)
     record = _record_values(key, job.id, now)
     with binding.cursor(db) as cursor:
         if alongside is None:
-            cursor.execute(_insert_with_record_sql(tuple(fields)), [*record, *values])
+            cursor.execute(_insert_with_record_sql(columns), [*record, *values])
             taken = cursor.rowcount == 1
         else:
             row_fields, row_values = companion.values(alongside, db)
-            sql = _insert_with_record_sql(tuple(fields), (type(alongside), row_fields))
+            sql = _insert_with_record_sql(columns, (type(alongside), row_fields))
             cursor.execute(sql, [*row_values, *record, *values])
             pk, taken = cursor.fetchone()
             companion.saved(alongside, pk, db)
@@ -148,13 +148,13 @@ def _insert_with_record(job: Job, key: str, now: datetime, alongside: Any = None
 
 @functools.lru_cache(maxsize=64)
 def _insert_with_record_sql(
-    fields: tuple[Any, ...], alongside: tuple[Any, tuple[Any, ...]] | None = None
+    columns: tuple[str, ...], alongside: tuple[Any, tuple[Any, ...]] | None = None
 ) -> str:
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    marks = ", ".join(["%s"] * len(fields))
+    names = ", ".join(quote(column) for column in columns)
+    marks = ", ".join(["%s"] * len(columns))
     job = (
-        f"INSERT INTO {quote(Job._meta.db_table)} ({columns}) "
+        f"INSERT INTO {quote(Job._meta.db_table)} ({names}) "
         f"SELECT {marks} WHERE EXISTS (SELECT FROM record)"
     )
     record = f"record AS ({_record_sql('postgresql')} RETURNING 1)"

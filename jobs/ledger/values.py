@@ -82,14 +82,16 @@ def _plan(
     return tuple(plan), operator.attrgetter(*(f.attname for f in fields))
 
 
-def insert_values(instance: Any, db: Any) -> tuple[list[Any], list[Any]]:
-    """The columns a new row of `instance` sets and their values prepared for connection `db`
+def insert_values(instance: Any, db: Any) -> tuple[tuple[str, ...], list[Any]]:
+    """The columns a new row of `instance` sets (their names: a statement cached by them is
+    found without hashing a field object, a Python call each) and their values prepared for
+    connection `db`
     (a DatabaseWrapper itself, not django.db.connection: each of the proxy's attributes is
     looked up through asgiref's Local). A nullable column whose value is None is left out (it
     defaults to NULL), as it costs a value prepared and bound for nothing."""
     plan, read = _plan(instance.__class__, db.features.has_native_uuid_field)
     ops = db.ops
-    columns: list[Any] = []
+    columns: list[str] = []
     values: list[Any] = []
     for (field, kind, extra), attribute in zip(plan, read(instance), strict=True):
         value = field.pre_save(instance, True) if kind == PRE_SAVE else attribute
@@ -109,6 +111,6 @@ def insert_values(instance: Any, db: Any) -> tuple[list[Any], list[Any]]:
             prepared = value
         else:
             prepared = field.get_db_prep_save(value, db)
-        columns.append(field)
+        columns.append(field.column)
         values.append(prepared)
-    return columns, values
+    return tuple(columns), values

@@ -31,21 +31,21 @@ def comparable(value: Any) -> Any:
 
 
 def djangos(instance: Any, db: Any) -> list[tuple[str, Any]]:
-    """What Model.save(force_insert=True) prepares for `instance`: every concrete column, its
-    value through its field's pre_save() and get_db_prep_save(), with None left out where the
-    column takes NULL (insert_values leaves those to the column's default)."""
+    """What Model.save(force_insert=True) prepares for `instance`: every concrete column (by
+    name), its value through its field's pre_save() and get_db_prep_save(), with None left out
+    where the column takes NULL (insert_values leaves those to the column's default)."""
     prepared = []
     for field in instance._meta.concrete_fields:
         value = field.pre_save(instance, True)
         if value is None and field.null:
             continue
-        prepared.append((field.attname, comparable(field.get_db_prep_save(value, db))))
+        prepared.append((field.column, comparable(field.get_db_prep_save(value, db))))
     return prepared
 
 
 def ours(instance: Any, db: Any) -> list[tuple[str, Any]]:
-    fields, values = insert_values(instance, db)
-    return [(f.attname, comparable(v)) for f, v in zip(fields, values, strict=True)]
+    columns, values = insert_values(instance, db)
+    return [(column, comparable(v)) for column, v in zip(columns, values, strict=True)]
 
 
 def test_a_plain_enqueues_row_is_prepared_as_djangos_save_prepares_it() -> None:
@@ -114,8 +114,8 @@ def test_a_field_that_sets_its_own_value_at_insert_keeps_doing_so() -> None:
     assert row.date_done is None
 
     # when: its values are prepared
-    fields, values = insert_values(row, db)
-    prepared = dict(zip((f.attname for f in fields), values, strict=True))
+    columns, values = insert_values(row, db)
+    prepared = dict(zip(columns, values, strict=True))
 
     # then: pre_save() set both to now, as save() does, and the rest is as Django prepares it
     assert prepared["date_done"] is not None and prepared["date_created"] is not None
