@@ -85,10 +85,9 @@ def _plan(
 def insert_values(instance: Any, db: Any) -> tuple[tuple[str, ...], list[Any]]:
     """The columns a new row of `instance` sets (their names: a statement cached by them is
     found without hashing a field object, a Python call each) and their values prepared for
-    connection `db`
-    (a DatabaseWrapper itself, not django.db.connection: each of the proxy's attributes is
-    looked up through asgiref's Local). A nullable column whose value is None is left out (it
-    defaults to NULL), as it costs a value prepared and bound for nothing."""
+    connection `db` (a DatabaseWrapper itself, not django.db.connection: each of the proxy's
+    attributes is looked up through asgiref's Local). A nullable column whose value is None is
+    left out (it defaults to NULL), as it costs a value prepared and bound for nothing."""
     plan, read = _plan(instance.__class__, db.features.has_native_uuid_field)
     ops = db.ops
     columns: list[str] = []
